@@ -1,0 +1,286 @@
+//! The `Accelerator` trait: everything the collectives core may do to a device.
+//!
+//! The shape follows CUDA's driver API (as cudarc exposes it) so that a GPU backend fits
+//! without a rewrite:
+//! * every data operation names a [`Stream`] and is ordered on it; [`Accelerator::record_event`]
+//!   and [`Accelerator::event_complete`] let the executor poll for completion instead of
+//!   blocking, and [`Accelerator::synchronize`] waits;
+//! * device memory is reached only through [`DeviceBuffer`] handles: the executor never
+//!   dereferences it;
+//! * host slices passed in may be reused as soon as the call returns (a GPU backend stages
+//!   them through pinned memory it owns); host slices written by a device-to-host copy hold
+//!   their data once the stream reaches the copy (the cpu and sim backends complete every
+//!   operation before returning, so their events are complete at once).
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::kernels::KernelError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use thiserror::Error;
+
+/// Who made the device.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Vendor {
+    /// The host CPU: the reference backend.
+    Cpu,
+    /// The simulated second vendor.
+    Sim,
+    /// NVIDIA, through CUDA.
+    Nvidia,
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Vendor::Cpu => "cpu",
+            Vendor::Sim => "sim",
+            Vendor::Nvidia => "cuda",
+        })
+    }
+}
+
+/// What a device can do, declared rather than guessed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCapabilities {
+    /// Host code may read device memory directly (false for sim and GPUs).
+    pub host_addressable: bool,
+    /// Copy bandwidth host↔device in GB/s, when the backend knows it.
+    pub copy_gbps: Option<f64>,
+    /// Reduce throughput in GB/s of destination bytes, when the backend knows it.
+    pub reduce_gbps: Option<f64>,
+}
+
+/// A description of one device, exchanged with every other rank at bootstrap.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub vendor: Vendor,
+    /// Model name, e.g. "host cpu (2 cores)" or "sim copy=8GB/s reduce=4GB/s".
+    pub model: String,
+    /// Index of the device among its vendor's devices on this host.
+    pub index: u32,
+    /// [`crate::host::host_identity`] of the host the device is attached to.
+    pub host_id: String,
+    pub capabilities: DeviceCapabilities,
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.vendor, self.index)
+    }
+}
+
+/// A device operation failed.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// The caller asked for a range outside a buffer: a caller bug.
+    #[error("range {offset}..{end} is outside device buffer of {len} bytes on {device}")]
+    OutOfRange {
+        device: String,
+        offset: usize,
+        end: usize,
+        len: usize,
+    },
+    /// A buffer, stream or event of one device was passed to another device.
+    #[error("{what} belongs to another device than {device}")]
+    ForeignHandle { device: String, what: &'static str },
+    /// Host and device lengths or element boundaries disagree.
+    #[error("on {device}: {source}")]
+    Kernel {
+        device: String,
+        #[source]
+        source: KernelError,
+    },
+    /// The device could not allocate.
+    #[error("{device} cannot allocate {bytes} bytes: {reason}")]
+    OutOfMemory {
+        device: String,
+        bytes: usize,
+        reason: String,
+    },
+    /// The backend is not usable on this machine (e.g. no driver).
+    #[error("device backend unavailable: {0}")]
+    Unavailable(String),
+    /// The device specification text could not be parsed.
+    #[error("bad device spec '{spec}': {reason}")]
+    BadSpec { spec: String, reason: String },
+}
+
+static NEXT_DEVICE_UID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-unique number that tags every handle a device hands out.
+pub(crate) fn new_device_uid() -> u64 {
+    NEXT_DEVICE_UID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Frees a buffer when its last handle is dropped.
+pub(crate) trait BufferOwner: Send + Sync {
+    fn release(&self, id: u64);
+}
+
+struct BufferInner {
+    id: u64,
+    len: usize,
+    device_uid: u64,
+    owner: Arc<dyn BufferOwner>,
+}
+
+impl Drop for BufferInner {
+    fn drop(&mut self) {
+        self.owner.release(self.id);
+    }
+}
+
+/// A handle to device memory. Clones share the same memory; it is freed with the last clone.
+#[derive(Clone)]
+pub struct DeviceBuffer {
+    inner: Arc<BufferInner>,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("id", &self.inner.id)
+            .field("len", &self.inner.len)
+            .field("device_uid", &self.inner.device_uid)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(id: u64, len: usize, device_uid: u64, owner: Arc<dyn BufferOwner>) -> Self {
+        DeviceBuffer {
+            inner: Arc::new(BufferInner {
+                id,
+                len,
+                device_uid,
+                owner,
+            }),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub(crate) fn device_uid(&self) -> u64 {
+        self.inner.device_uid
+    }
+
+    /// The whole buffer as a slice.
+    pub fn full(&self) -> DeviceSlice<'_> {
+        DeviceSlice {
+            buffer: self,
+            offset: 0,
+            len: self.len(),
+        }
+    }
+
+    /// Bytes `offset..offset+len` of the buffer (checked when used).
+    pub fn slice(&self, offset: usize, len: usize) -> DeviceSlice<'_> {
+        DeviceSlice {
+            buffer: self,
+            offset,
+            len,
+        }
+    }
+}
+
+/// A byte range of a [`DeviceBuffer`].
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSlice<'a> {
+    pub buffer: &'a DeviceBuffer,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// An ordered queue of device work. Operations on one stream run in call order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stream {
+    pub(crate) device_uid: u64,
+    pub(crate) id: u64,
+}
+
+/// A marker recorded on a stream; complete once the stream has reached it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub(crate) device_uid: u64,
+    pub(crate) id: u64,
+}
+
+/// What the collectives core may do to a device. Implementations are shared between the
+/// caller's thread and the communicator's progress thread, hence `Send + Sync`.
+pub trait Accelerator: Send + Sync + fmt::Debug {
+    /// Describe the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Allocate `len` bytes of device memory (contents unspecified).
+    fn allocate(&self, len: usize) -> Result<DeviceBuffer, DeviceError>;
+
+    /// The stream the core uses when the caller gives none.
+    fn default_stream(&self) -> Stream;
+
+    /// A new stream, ordered independently of the others.
+    fn create_stream(&self) -> Result<Stream, DeviceError>;
+
+    /// Copy host bytes into device memory. `src` may be reused when this returns.
+    fn copy_to_device(
+        &self,
+        dst: DeviceSlice<'_>,
+        src: &[u8],
+        stream: &Stream,
+    ) -> Result<(), DeviceError>;
+
+    /// Copy device memory into host bytes; `dst` holds the data once `stream` reaches the copy.
+    fn copy_to_host(
+        &self,
+        dst: &mut [u8],
+        src: DeviceSlice<'_>,
+        stream: &Stream,
+    ) -> Result<(), DeviceError>;
+
+    /// Copy between (possibly the same) device buffers; ranges must not overlap.
+    fn copy_within(
+        &self,
+        dst: DeviceSlice<'_>,
+        src: DeviceSlice<'_>,
+        stream: &Stream,
+    ) -> Result<(), DeviceError>;
+
+    /// `dst = dst (op) src` element-wise, where `src` is host memory (a received chunk).
+    fn reduce_from_host(
+        &self,
+        dst: DeviceSlice<'_>,
+        src: &[u8],
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<(), DeviceError>;
+
+    /// `dst = dst / divisor` element-wise: the final step of `avg`.
+    fn divide(
+        &self,
+        dst: DeviceSlice<'_>,
+        dtype: DataType,
+        divisor: usize,
+        stream: &Stream,
+    ) -> Result<(), DeviceError>;
+
+    /// Record an event at the current end of `stream`.
+    fn record_event(&self, stream: &Stream) -> Result<Event, DeviceError>;
+
+    /// Whether the stream has reached `event` (never blocks).
+    fn event_complete(&self, event: &Event) -> Result<bool, DeviceError>;
+
+    /// Block until all work on `stream` is done.
+    fn synchronize(&self, stream: &Stream) -> Result<(), DeviceError>;
+}

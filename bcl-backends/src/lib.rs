@@ -1,0 +1,29 @@
+//! The device side of BCL: what the collectives core may ask of an accelerator.
+//!
+//! ```text
+//!   bcl-core executor
+//!        │  reduce / copy requests over (DeviceBuffer, offset, len), never raw pointers
+//!        ▼
+//!   dyn Accelerator ──► cpu  (host memory, reference kernels)
+//!                   └─► sim  (a second "vendor": arena memory behind handles, paced copies)
+//!                   └─► cuda (later: cudarc, NVRTC kernels)
+//! ```
+//!
+//! [`DataType`] and [`ReduceOp`] fix the element types and operations; [`kernels`] holds the
+//! host reduction kernels whose results every backend must reproduce.
+
+pub mod accelerator;
+mod arena;
+pub mod cpu;
+pub mod dtype;
+pub mod host;
+pub mod kernels;
+pub mod sim;
+pub mod spec;
+
+pub use accelerator::{
+    Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
+    Stream, Vendor,
+};
+pub use dtype::{DataType, Element, ReduceOp};
+pub use spec::{DeviceSpec, open_device};

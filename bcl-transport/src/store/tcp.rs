@@ -1,0 +1,294 @@
+//! The TCP store: rank 0 serves a key-value map; every rank (rank 0 included) is a client.
+//!
+//! Wire format: each message is a little-endian u32 length and a postcard-encoded body, at most
+//! [`MAX_MESSAGE`] bytes. Every connection first proves the communicator's secret
+//! ([`crate::auth`]); a stranger is dropped and the server carries on.
+
+use super::{Store, StoreError};
+use crate::auth::{Secret, exchange};
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const AUTH_CONTEXT: &[u8] = b"bcl-store-v1";
+const MAX_MESSAGE: usize = 16 << 20;
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Set { key: String, value: Vec<u8> },
+    Get { key: String, wait_ms: u64 },
+}
+
+#[derive(Serialize, Deserialize)]
+enum Reply {
+    Done,
+    Value(Option<Vec<u8>>),
+}
+
+fn write_message<T: Serialize>(s: &mut TcpStream, msg: &T) -> std::io::Result<()> {
+    let body = postcard::to_stdvec(msg).map_err(std::io::Error::other)?;
+    s.write_all(&(body.len() as u32).to_le_bytes())?;
+    s.write_all(&body)
+}
+
+fn read_message<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("message of {len} bytes exceeds the store limit of {MAX_MESSAGE}"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)?;
+    postcard::from_bytes(&body)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+#[derive(Default)]
+struct Table {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+}
+
+/// The server side, run by rank 0. Dropping it stops accepting new clients.
+pub struct TcpStoreServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for TcpStoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpStoreServer({})", self.addr)
+    }
+}
+
+impl TcpStoreServer {
+    /// Listen on `bind` (port 0: any free port) and serve until dropped.
+    pub fn start(bind: SocketAddr, secret: Secret) -> Result<Self, StoreError> {
+        let io = |what: &str, source| StoreError::Io {
+            store: format!("tcp ({bind})"),
+            what: what.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(bind).map_err(|e| io("binding", e))?;
+        let addr = listener.local_addr().map_err(|e| io("reading address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io("configuring", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let table = Arc::new(Table::default());
+        let stop2 = stop.clone();
+        std::thread::Builder::new()
+            .name("bcl-store".into())
+            .spawn(move || serve(listener, secret, table, stop2))
+            .map_err(|e| io("starting the server thread", e))?;
+        Ok(TcpStoreServer { addr, stop })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for TcpStoreServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn serve(listener: TcpListener, secret: Secret, table: Arc<Table>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                let table = table.clone();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = serve_client(stream, &secret, &table, &stop) {
+                        if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                            tracing::warn!(%from, error = %e, "store client dropped");
+                        }
+                    }
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "store accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn serve_client(
+    mut s: TcpStream,
+    secret: &Secret,
+    table: &Table,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
+    s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
+    exchange::server(&mut s, secret, AUTH_CONTEXT)?;
+    // Clients may be idle for a long time between requests; poll the stop flag meanwhile.
+    s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    loop {
+        let mut first = [0u8; 1];
+        match s.peek(&mut first) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
+        let request: Request = read_message(&mut s)?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let reply = match request {
+            Request::Set { key, value } => {
+                table.map.lock().insert(key, value);
+                table.changed.notify_all();
+                Reply::Done
+            }
+            Request::Get { key, wait_ms } => {
+                let deadline = Instant::now() + Duration::from_millis(wait_ms.min(3_600_000));
+                let mut map = table.map.lock();
+                loop {
+                    if map.contains_key(&key)
+                        || table.changed.wait_until(&mut map, deadline).timed_out()
+                    {
+                        break Reply::Value(map.get(&key).cloned());
+                    }
+                }
+            }
+        };
+        write_message(&mut s, &reply)?;
+    }
+}
+
+/// A client of a [`TcpStoreServer`].
+pub struct TcpStore {
+    addr: SocketAddr,
+    stream: Mutex<TcpStream>,
+}
+
+impl std::fmt::Debug for TcpStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpStore({})", self.addr)
+    }
+}
+
+impl TcpStore {
+    /// Connect to the server at `addr`, retrying until `deadline` while it is not up yet.
+    pub fn connect(addr: SocketAddr, secret: &Secret, deadline: Instant) -> Result<Self, StoreError> {
+        let name = format!("tcp ({addr})");
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(s) => break s,
+                Err(source) if Instant::now() >= deadline => {
+                    return Err(StoreError::Io {
+                        store: name,
+                        what: "connecting to the store served by rank 0 (is rank 0 running?)".into(),
+                        source,
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let io = |what: &str, source| StoreError::Io {
+            store: format!("tcp ({addr})"),
+            what: what.to_string(),
+            source,
+        };
+        stream
+            .set_read_timeout(Some(HANDSHAKE_LIMIT))
+            .map_err(|e| io("configuring", e))?;
+        stream.set_nodelay(true).map_err(|e| io("configuring", e))?;
+        exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| StoreError::Protocol {
+            store: format!("tcp ({addr})"),
+            reason: format!("handshake failed (wrong unique id?): {e}"),
+        })?;
+        Ok(TcpStore {
+            addr,
+            stream: Mutex::new(stream),
+        })
+    }
+
+    fn call(&self, request: &Request, wait: Duration) -> Result<Reply, StoreError> {
+        let io = |source| StoreError::Io {
+            store: format!("tcp ({})", self.addr),
+            what: "request to the store served by rank 0".into(),
+            source,
+        };
+        let mut s = self.stream.lock();
+        s.set_read_timeout(Some(wait + HANDSHAKE_LIMIT)).map_err(io)?;
+        write_message(&mut s, request).map_err(io)?;
+        read_message(&mut s).map_err(io)
+    }
+}
+
+impl Store for TcpStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let req = Request::Set {
+            key: key.to_string(),
+            value: value.to_vec(),
+        };
+        match self.call(&req, Duration::ZERO)? {
+            Reply::Done => Ok(()),
+            Reply::Value(_) => Err(StoreError::Protocol {
+                store: format!("tcp ({})", self.addr),
+                reason: "unexpected reply to set".into(),
+            }),
+        }
+    }
+
+    fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>, StoreError> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.try_get_waiting(key, wait)? {
+            Some(v) => Ok(v),
+            None => Err(StoreError::Timeout {
+                store: format!("tcp ({})", self.addr),
+                key: key.to_string(),
+            }),
+        }
+    }
+
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.try_get_waiting(key, Duration::ZERO)
+    }
+}
+
+impl TcpStore {
+    fn try_get_waiting(&self, key: &str, wait: Duration) -> Result<Option<Vec<u8>>, StoreError> {
+        let req = Request::Get {
+            key: key.to_string(),
+            wait_ms: wait.as_millis() as u64,
+        };
+        match self.call(&req, wait)? {
+            Reply::Value(v) => Ok(v),
+            Reply::Done => Err(StoreError::Protocol {
+                store: format!("tcp ({})", self.addr),
+                reason: "unexpected reply to get".into(),
+            }),
+        }
+    }
+}

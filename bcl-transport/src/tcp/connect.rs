@@ -1,0 +1,159 @@
+//! Connection setup for the TCP transport: every connection proves the communicator's secret
+//! and then says which rank and socket index it is. Strangers are refused and logged; setup
+//! carries on.
+
+use crate::auth::{Secret, exchange};
+use crate::error::TransportError;
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const AUTH_CONTEXT: &[u8] = b"bcl-tcp-v1";
+/// The longest a single stranger can hold one accept slot.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+
+/// A connection that has proved the secret: (peer rank, socket index, stream).
+pub(crate) type Established = (usize, usize, TcpStream);
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// Client side of one connection: connect (retrying while the peer is not yet listening),
+/// prove the secret, introduce ourselves.
+pub(crate) fn dial(
+    addr: SocketAddr,
+    secret: &Secret,
+    local_rank: usize,
+    peer: usize,
+    index: usize,
+    deadline: Instant,
+) -> Result<TcpStream, TransportError> {
+    let io = |op, source| TransportError::Io {
+        op,
+        peer,
+        addr: addr.to_string(),
+        source,
+    };
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&addr, remaining(deadline).min(Duration::from_secs(2))) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => return Err(io("connect", e)),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let limit = Some(remaining(deadline).min(HANDSHAKE_LIMIT));
+    stream.set_read_timeout(limit).map_err(|e| io("configure", e))?;
+    stream.set_write_timeout(limit).map_err(|e| io("configure", e))?;
+    exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| {
+        TransportError::Handshake {
+            addr: format!("rank {peer} ({addr})"),
+            reason: e.to_string(),
+        }
+    })?;
+    let mut intro = [0u8; 12];
+    intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
+    intro[4..8].copy_from_slice(&(peer as u32).to_le_bytes());
+    intro[8..].copy_from_slice(&(index as u32).to_le_bytes());
+    stream.write_all(&intro).map_err(|e| io("introduce", e))?;
+    let mut ok = [0u8; 2];
+    stream.read_exact(&mut ok).map_err(|e| io("introduce", e))?;
+    if &ok != b"OK" {
+        return Err(TransportError::Handshake {
+            addr: format!("rank {peer} ({addr})"),
+            reason: "peer refused our introduction".into(),
+        });
+    }
+    Ok(stream)
+}
+
+/// Server side of one accepted connection.
+fn admit(
+    mut stream: TcpStream,
+    secret: &Secret,
+    local_rank: usize,
+    expected: &HashSet<(usize, usize)>,
+) -> Result<Established, String> {
+    stream
+        .set_read_timeout(Some(HANDSHAKE_LIMIT))
+        .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_LIMIT)))
+        .map_err(|e| e.to_string())?;
+    exchange::server(&mut stream, secret, AUTH_CONTEXT).map_err(|e| e.to_string())?;
+    let mut intro = [0u8; 12];
+    stream.read_exact(&mut intro).map_err(|e| e.to_string())?;
+    let word = |i: usize| u32::from_le_bytes([intro[i], intro[i + 1], intro[i + 2], intro[i + 3]]) as usize;
+    let (from, to, index) = (word(0), word(4), word(8));
+    if to != local_rank || !expected.contains(&(from, index)) {
+        let _ = stream.write_all(b"NO");
+        return Err(format!(
+            "introduced itself as rank {from} socket {index} for rank {to}, which this rank {local_rank} does not expect"
+        ));
+    }
+    stream.write_all(b"OK").map_err(|e| e.to_string())?;
+    Ok((from, index, stream))
+}
+
+/// Accept until every `expected` (peer, socket index) has connected, or `deadline`.
+/// Runs each handshake on its own thread so a silent stranger cannot block the others.
+pub(crate) fn accept_all(
+    listener: &TcpListener,
+    secret: Secret,
+    local_rank: usize,
+    expected: HashSet<(usize, usize)>,
+    deadline: Instant,
+) -> Result<Vec<Established>, TransportError> {
+    let setup = |source| TransportError::Setup {
+        what: format!("rank {local_rank} accepting connections"),
+        source,
+    };
+    listener.set_nonblocking(true).map_err(setup)?;
+    let (tx, rx) = mpsc::channel();
+    let mut done = Vec::new();
+    let mut seen = HashSet::new();
+    while seen.len() < expected.len() {
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let tx = tx.clone();
+                    let expected = expected.clone();
+                    std::thread::spawn(move || {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = tx.send((from, admit(stream, &secret, local_rank, &expected)));
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(setup(e)),
+            }
+        }
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok((_, Ok((peer, index, stream)))) if seen.insert((peer, index)) => {
+                done.push((peer, index, stream));
+            }
+            Ok((from, Ok((peer, index, _)))) => {
+                tracing::warn!(%from, peer, index, "duplicate connection refused");
+            }
+            Ok((from, Err(reason))) => {
+                tracing::warn!(%from, %reason, "refused a connection that failed the BCL handshake");
+            }
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            let mut missing: Vec<usize> = expected
+                .iter()
+                .filter(|k| !seen.contains(k))
+                .map(|(p, _)| *p)
+                .collect();
+            missing.sort_unstable();
+            missing.dedup();
+            return Err(TransportError::ConnectTimeout {
+                rank: local_rank,
+                missing,
+            });
+        }
+    }
+    Ok(done)
+}

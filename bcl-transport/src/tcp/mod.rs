@@ -1,0 +1,441 @@
+//! `tcp`: several non-blocking sockets per peer, framed by a pure codec.
+//!
+//! Setup (`connect`): the lower rank of each pair dials `sockets_per_peer` connections to the
+//! higher rank's listener; each connection proves the communicator's secret (see
+//! [`crate::auth`]) and introduces itself. Data path: `try_send` copies a message into a
+//! pooled buffer queued on the peer's next socket (round robin, so consecutive slices stream
+//! over different sockets) and writes what the socket takes at once; `progress` writes queued
+//! frames with `writev` and reads arriving frames straight into pooled buffers; `wait` sleeps in
+//! `poll(2)`. A peer that closes its sockets is reported when a send or receive needs it and
+//! nothing it sent is left unread.
+
+pub mod codec;
+mod connect;
+mod sys;
+
+use crate::auth::Secret;
+use crate::error::TransportError;
+use crate::transport::{Capabilities, MemoryKind, PeerAddress, Received, Tag, Transport};
+use codec::{FrameDecoder, HEADER_LEN, encode_header};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// Settings of a TCP endpoint.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// Address to listen on and publish (loopback by default).
+    pub bind_ip: IpAddr,
+    /// Connections per peer (≥ 1).
+    pub sockets_per_peer: usize,
+    /// The communicator's secret; connections that cannot prove it are refused.
+    pub secret: Secret,
+    /// The largest frame payload accepted from a peer.
+    pub max_frame: usize,
+    /// SO_SNDBUF / SO_RCVBUF per socket.
+    pub socket_buffer: usize,
+    /// Bytes queued towards one peer before `try_send` answers "not now".
+    pub max_queued_per_peer: usize,
+}
+
+impl TcpConfig {
+    pub fn new(secret: Secret) -> Self {
+        TcpConfig {
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            sockets_per_peer: 2,
+            secret,
+            max_frame: 64 << 20,
+            socket_buffer: 4 << 20,
+            max_queued_per_peer: 16 << 20,
+        }
+    }
+}
+
+struct OutFrame {
+    header: [u8; HEADER_LEN],
+    payload: Vec<u8>,
+    written: usize,
+}
+
+struct Conn {
+    stream: TcpStream,
+    out: VecDeque<OutFrame>,
+    decoder: FrameDecoder,
+    closed: bool,
+}
+
+struct Peer {
+    addr: String,
+    conns: Vec<Conn>,
+    next: usize,
+    queued: usize,
+    closed: bool,
+}
+
+/// A TCP endpoint of one rank.
+pub struct TcpTransport {
+    config: TcpConfig,
+    capabilities: Capabilities,
+    listener: TcpListener,
+    address: PeerAddress,
+    peers: HashMap<usize, Peer>,
+    inbox: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    pool: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpTransport({:?}, {} peers)", self.address, self.peers.len())
+    }
+}
+
+const POOL_LIMIT: usize = 256;
+
+impl TcpTransport {
+    /// Listen on `config.bind_ip`, an ephemeral port.
+    pub fn bind(config: TcpConfig) -> Result<Self, TransportError> {
+        let listener =
+            TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
+                TransportError::Setup {
+                    what: format!("binding a TCP listener on {}", config.bind_ip),
+                    source,
+                }
+            })?;
+        let local = listener.local_addr().map_err(|source| TransportError::Setup {
+            what: "reading the listener's address".into(),
+            source,
+        })?;
+        let address = PeerAddress::new(local.to_string().into_bytes())
+            .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
+        let capabilities = Capabilities {
+            name: "tcp",
+            max_message: config.max_frame,
+            max_queued_per_peer: config.max_queued_per_peer,
+            memory: &[MemoryKind::Host],
+        };
+        Ok(TcpTransport {
+            config: TcpConfig {
+                sockets_per_peer: config.sockets_per_peer.max(1),
+                ..config
+            },
+            capabilities,
+            listener,
+            address,
+            peers: HashMap::new(),
+            inbox: HashMap::new(),
+            pool: Vec::new(),
+        })
+    }
+
+    fn peer_mut(&mut self, peer: usize) -> Result<&mut Peer, TransportError> {
+        self.peers
+            .get_mut(&peer)
+            .ok_or(TransportError::UnknownPeer { peer })
+    }
+
+    fn configure(&self, peer: usize, addr: &str, s: &TcpStream) -> Result<(), TransportError> {
+        let sock = socket2::SockRef::from(s);
+        let r = s
+            .set_nodelay(true)
+            .and_then(|_| s.set_nonblocking(true))
+            .and_then(|_| s.set_read_timeout(None))
+            .and_then(|_| s.set_write_timeout(None))
+            .and_then(|_| sock.set_send_buffer_size(self.config.socket_buffer))
+            .and_then(|_| sock.set_recv_buffer_size(self.config.socket_buffer));
+        r.map_err(|source| TransportError::Io {
+            op: "configure socket",
+            peer,
+            addr: addr.to_string(),
+            source,
+        })
+    }
+}
+
+fn parse_addr(peer: usize, addr: &PeerAddress) -> Result<SocketAddr, TransportError> {
+    std::str::from_utf8(addr.as_bytes())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| TransportError::BadAddress {
+            peer,
+            reason: format!("{addr:?} is not a TCP socket address"),
+        })
+}
+
+/// Write as much of `conn.out` as the socket takes. Returns bytes written.
+fn flush(conn: &mut Conn, pool: &mut Vec<Vec<u8>>) -> io::Result<usize> {
+    let mut total = 0;
+    while let Some(front) = conn.out.front_mut() {
+        let (h, p) = if front.written < HEADER_LEN {
+            (&front.header[front.written..], &front.payload[..])
+        } else {
+            (&[][..], &front.payload[front.written - HEADER_LEN..])
+        };
+        let n = match conn.stream.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        total += n;
+        front.written += n;
+        if front.written == HEADER_LEN + front.payload.len() {
+            if let Some(done) = conn.out.pop_front()
+                && pool.len() < POOL_LIMIT
+            {
+                pool.push(done.payload);
+            }
+        }
+    }
+    Ok(total)
+}
+
+impl Transport for TcpTransport {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn address(&self) -> &PeerAddress {
+        &self.address
+    }
+
+    fn connect(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let n = self.config.sockets_per_peer;
+        let mut inbound = HashSet::new();
+        let mut outbound = Vec::new();
+        for (peer, addr) in peers {
+            let sa = parse_addr(*peer, addr)?;
+            for i in 0..n {
+                if *peer < local_rank {
+                    inbound.insert((*peer, i));
+                } else if *peer > local_rank {
+                    outbound.push((*peer, i, sa));
+                }
+            }
+            self.peers.insert(
+                *peer,
+                Peer {
+                    addr: sa.to_string(),
+                    conns: Vec::new(),
+                    next: 0,
+                    queued: 0,
+                    closed: false,
+                },
+            );
+        }
+        let listener = self.listener.try_clone().map_err(|source| TransportError::Setup {
+            what: "cloning the listener".into(),
+            source,
+        })?;
+        let secret = self.config.secret;
+        let acceptor = std::thread::spawn(move || {
+            connect::accept_all(&listener, secret, local_rank, inbound, deadline)
+        });
+        let mut established = Vec::new();
+        let mut dial_error = None;
+        for (peer, index, sa) in outbound {
+            match connect::dial(sa, &self.config.secret, local_rank, peer, index, deadline) {
+                Ok(s) => established.push((peer, index, s)),
+                Err(e) => {
+                    dial_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let accepted = acceptor.join().map_err(|_| TransportError::Setup {
+            what: "the accept thread panicked".into(),
+            source: io::Error::other("panic"),
+        })?;
+        if let Some(e) = dial_error {
+            return Err(e);
+        }
+        established.extend(accepted?);
+        established.sort_by_key(|(p, i, _)| (*p, *i));
+        for (peer, _, stream) in established {
+            let addr = self.peers.get(&peer).map(|p| p.addr.clone()).unwrap_or_default();
+            self.configure(peer, &addr, &stream)?;
+            let conn = Conn {
+                stream,
+                out: VecDeque::new(),
+                decoder: FrameDecoder::new(self.config.max_frame),
+                closed: false,
+            };
+            self.peer_mut(peer)?.conns.push(conn);
+        }
+        Ok(())
+    }
+
+    fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
+        let max = self.config.max_frame;
+        let limit = self.config.max_queued_per_peer;
+        let mut buf = self.pool.pop().unwrap_or_default();
+        let p = self
+            .peers
+            .get_mut(&peer)
+            .ok_or(TransportError::UnknownPeer { peer })?;
+        if p.closed || p.conns.is_empty() {
+            return Err(TransportError::PeerClosed {
+                peer,
+                addr: p.addr.clone(),
+            });
+        }
+        if data.len() > max {
+            return Err(TransportError::TooLarge {
+                peer,
+                len: data.len(),
+                max,
+            });
+        }
+        if p.queued > 0 && p.queued + data.len() > limit {
+            self.pool.push(buf);
+            return Ok(false);
+        }
+        buf.clear();
+        buf.extend_from_slice(data);
+        let i = p.next;
+        p.next = (p.next + 1) % p.conns.len();
+        let conn = &mut p.conns[i];
+        conn.out.push_back(OutFrame {
+            header: encode_header(tag, data.len() as u32),
+            payload: buf,
+            written: 0,
+        });
+        // Write at once: small messages leave without waiting for the next progress call.
+        let addr = p.addr.clone();
+        if conn.out.len() == 1 {
+            flush(conn, &mut self.pool).map_err(|source| TransportError::Io {
+                op: "send",
+                peer,
+                addr,
+                source,
+            })?;
+        }
+        p.queued = p.conns.iter().map(queued_bytes).sum();
+        Ok(true)
+    }
+
+    fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
+        if let Some(q) = self.inbox.get_mut(&(peer, tag))
+            && let Some(data) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.inbox.remove(&(peer, tag));
+            }
+            return Ok(Some(Received { peer, tag, data }));
+        }
+        let p = self.peer_mut(peer)?;
+        if p.closed {
+            return Err(TransportError::PeerClosed {
+                peer,
+                addr: p.addr.clone(),
+            });
+        }
+        Ok(None)
+    }
+
+    fn release(&mut self, message: Received) {
+        if self.pool.len() < POOL_LIMIT {
+            self.pool.push(message.data);
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        let mut moved = false;
+        for (&peer, p) in self.peers.iter_mut() {
+            for conn in p.conns.iter_mut().filter(|c| !c.closed) {
+                if !conn.out.is_empty() {
+                    let n = flush(conn, &mut self.pool).map_err(|source| TransportError::Io {
+                        op: "send",
+                        peer,
+                        addr: p.addr.clone(),
+                        source,
+                    })?;
+                    moved |= n > 0;
+                }
+                // Read what is there, bounded so one busy socket does not starve the others.
+                for _ in 0..64 {
+                    let want = conn.decoder.want();
+                    match conn.stream.read(want) {
+                        Ok(0) => {
+                            conn.closed = true;
+                            break;
+                        }
+                        Ok(n) => {
+                            moved = true;
+                            let pool = &mut self.pool;
+                            let frame = conn
+                                .decoder
+                                .advance(n, || pool.pop().unwrap_or_default())
+                                .map_err(|e| TransportError::Protocol {
+                                    peer,
+                                    addr: p.addr.clone(),
+                                    reason: e.to_string(),
+                                })?;
+                            if let Some(f) = frame {
+                                self.inbox
+                                    .entry((peer, f.tag))
+                                    .or_default()
+                                    .push_back(f.payload);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                            conn.closed = true;
+                            break;
+                        }
+                        Err(source) => {
+                            return Err(TransportError::Io {
+                                op: "receive",
+                                peer,
+                                addr: p.addr.clone(),
+                                source,
+                            });
+                        }
+                    }
+                }
+            }
+            p.closed = p.conns.iter().any(|c| c.closed);
+            p.queued = p.conns.iter().map(queued_bytes).sum();
+        }
+        Ok(moved)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let fds: Vec<_> = self
+            .peers
+            .values()
+            .flat_map(|p| p.conns.iter())
+            .filter(|c| !c.closed)
+            .map(|c| (c.stream.as_raw_fd(), !c.out.is_empty()))
+            .collect();
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return Ok(());
+        }
+        sys::poll_fds(&fds, timeout).map_err(|source| TransportError::Setup {
+            what: "poll(2) on the peer sockets".into(),
+            source,
+        })
+    }
+
+    fn flushed(&self) -> bool {
+        self.peers
+            .values()
+            .all(|p| p.closed || p.conns.iter().all(|c| c.out.is_empty()))
+    }
+}
+
+fn queued_bytes(c: &Conn) -> usize {
+    c.out
+        .iter()
+        .map(|f| HEADER_LEN + f.payload.len() - f.written)
+        .sum()
+}

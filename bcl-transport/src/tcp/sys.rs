@@ -1,0 +1,30 @@
+//! The one unsafe edge of the TCP transport: `poll(2)` over several sockets.
+#![allow(unsafe_code)]
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
+/// `fds`: (descriptor, also wait for writability).
+pub fn poll_fds(fds: &[(RawFd, bool)], timeout: Duration) -> std::io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, write)| libc::pollfd {
+            fd,
+            events: libc::POLLIN | if write { libc::POLLOUT } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    // Round up: a sub-millisecond timeout must still sleep rather than spin.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `pfds` is a valid, exclusively borrowed array of `pfds.len()` pollfd structs
+    // that outlives the call; poll(2) only writes their `revents` fields.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! The `Transport` trait and the small types around it.
+
+use crate::error::TransportError;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// A message label chosen by the core; a receive matches the sender's tag exactly.
+pub type Tag = u64;
+
+/// Where a transport can be reached, opaque to everyone but the transport: at most 128 bytes.
+#[derive(Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PeerAddress(Vec<u8>);
+
+impl PeerAddress {
+    pub const MAX_LEN: usize = 128;
+
+    pub fn new(bytes: Vec<u8>) -> Result<Self, String> {
+        if bytes.len() > Self::MAX_LEN {
+            return Err(format!(
+                "address of {} bytes exceeds {} bytes",
+                bytes.len(),
+                Self::MAX_LEN
+            ));
+        }
+        Ok(PeerAddress(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PeerAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) => write!(f, "PeerAddress({s})"),
+            Err(_) => write!(f, "PeerAddress({:02x?})", self.0),
+        }
+    }
+}
+
+/// Memory a transport can read from and write into directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    Host,
+    /// Device memory (GPUDirect-style paths). No transport declares it yet.
+    Device,
+}
+
+/// What a transport declares about itself, so the core need not guess.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    /// Short name for logs: "tcp", "mem".
+    pub name: &'static str,
+    /// The largest message `try_send` accepts.
+    pub max_message: usize,
+    /// Bytes that may be queued towards one peer before `try_send` answers "not now".
+    pub max_queued_per_peer: usize,
+    /// Memory kinds `try_send` may read and received messages may be written into.
+    pub memory: &'static [MemoryKind],
+}
+
+/// A message taken from a transport. Give it back with [`Transport::release`] so its buffer
+/// is reused (no allocation per message in steady state).
+#[derive(Debug)]
+pub struct Received {
+    pub peer: usize,
+    pub tag: Tag,
+    pub data: Vec<u8>,
+}
+
+/// A non-blocking, poll-driven way to move tagged messages between ranks.
+///
+/// Data-path calls never block. Completion is found by polling: `try_send` copies the bytes
+/// into a slot the transport owns (or answers `Ok(false)` when the peer's queue is full),
+/// `progress` moves bytes, `try_recv` hands out a fully arrived message. Messages between
+/// one pair of ranks with one tag arrive in send order; different tags may overtake.
+pub trait Transport: Send + fmt::Debug {
+    fn capabilities(&self) -> &Capabilities;
+
+    /// This endpoint's address, to be published to the other ranks.
+    fn address(&self) -> &PeerAddress;
+
+    /// Connect with every listed peer, as rank `local_rank`. Blocks at most until `deadline`;
+    /// the error names the peers still missing then.
+    fn connect(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError>;
+
+    /// Queue `data` to `peer` under `tag`. `Ok(false)`: back-pressure, nothing was queued.
+    fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError>;
+
+    /// The next message from `peer` under `tag`, if it has fully arrived.
+    fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError>;
+
+    /// Return a message's buffer to the transport.
+    fn release(&mut self, message: Received);
+
+    /// Move bytes without blocking. Returns whether anything moved.
+    fn progress(&mut self) -> Result<bool, TransportError>;
+
+    /// Sleep until bytes may move, or at most `timeout`.
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError>;
+
+    /// Whether every queued send has left this process.
+    fn flushed(&self) -> bool;
+}

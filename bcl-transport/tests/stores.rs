@@ -1,0 +1,56 @@
+//! Rendezvous stores: set/get across threads, bounded waits, and the TCP store's handshake.
+
+use bcl_transport::Secret;
+use bcl_transport::store::{FileStore, MemoryStore, Store, StoreError, TcpStore, TcpStoreServer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn exercise(a: Arc<dyn Store>, b: Arc<dyn Store>) {
+    let setter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        b.set("rank/1", b"hello").expect("set");
+    });
+    let got = a.get("rank/1", Instant::now() + Duration::from_secs(10)).expect("get");
+    assert_eq!(got, b"hello");
+    setter.join().expect("join");
+    assert_eq!(a.try_get("absent").expect("try_get"), None);
+    let start = Instant::now();
+    let err = a.get("absent", Instant::now() + Duration::from_millis(200)).expect_err("timeout");
+    assert!(matches!(err, StoreError::Timeout { ref key, .. } if key == "absent"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5), "a bounded wait overran");
+}
+
+#[test]
+fn memory_store() {
+    let s = MemoryStore::new();
+    exercise(Arc::new(s.clone()), Arc::new(s));
+}
+
+#[test]
+fn file_store() {
+    let dir = std::env::temp_dir().join(format!("bcl-filestore-{}", std::process::id()));
+    let a = FileStore::new(&dir).expect("dir");
+    exercise(Arc::new(a.clone()), Arc::new(a));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tcp_store_and_its_handshake() {
+    let secret = Secret([3; 16]);
+    let server = TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("start");
+    let d = Instant::now() + Duration::from_secs(5);
+    let a = TcpStore::connect(server.addr(), &secret, d).expect("client a");
+    let b = TcpStore::connect(server.addr(), &secret, d).expect("client b");
+    exercise(Arc::new(a), Arc::new(b));
+
+    let err = TcpStore::connect(server.addr(), &Secret([4; 16]), d).expect_err("wrong secret");
+    assert!(err.to_string().contains("handshake failed"), "{err}");
+    // A raw stranger sending garbage does not hurt the server.
+    {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(server.addr()).expect("connect");
+        let _ = s.write_all(&[0xff; 64]);
+    }
+    let c = TcpStore::connect(server.addr(), &secret, d).expect("server still serves");
+    assert_eq!(c.try_get("rank/1").expect("get"), Some(b"hello".to_vec()));
+}

@@ -1,7 +1,7 @@
 //! fp32 sum kernel bandwidth next to memcpy's on this machine (bytes of destination per second).
 
-use bcl_backends::kernels::reduce_slice;
 use bcl_backends::ReduceOp;
+use bcl_backends::kernels::reduce_slice;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

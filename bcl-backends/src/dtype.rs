@@ -305,7 +305,10 @@ mod tests {
         assert_eq!(i8::add(127, 1), -128);
         assert_eq!(u8::mul(16, 16), 0);
         // 2048 + 1 is not representable in fp16: rounds to even (2048).
-        assert_eq!(f16::from_f32(2048.0).add(f16::from_f32(1.0)), f16::from_f32(2048.0));
+        assert_eq!(
+            f16::from_f32(2048.0).add(f16::from_f32(1.0)),
+            f16::from_f32(2048.0)
+        );
         assert_eq!(7i32.divide(2), 3);
     }
 }

@@ -99,10 +99,20 @@ mod tests {
             }))
         );
         assert_eq!(
-            "sim:copy=0.3".parse::<DeviceSpec>().map(|s| s.to_string()).ok(),
+            "sim:copy=0.3"
+                .parse::<DeviceSpec>()
+                .map(|s| s.to_string())
+                .ok(),
             Some("sim:copy=0.3".to_string())
         );
-        for bad in ["gpu", "sim:copy", "sim:copy=-1", "sim:speed=3", "cpu:x=1", "cuda:0"] {
+        for bad in [
+            "gpu",
+            "sim:copy",
+            "sim:copy=-1",
+            "sim:speed=3",
+            "cpu:x=1",
+            "cuda:0",
+        ] {
             assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
         }
     }

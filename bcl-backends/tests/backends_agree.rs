@@ -40,7 +40,8 @@ fn reduce_matches_reference_for_every_dtype_and_op() {
                 dev.synchronize(&stream).expect("sync");
                 assert!(dev.event_complete(&ev).expect("query"));
                 let mut got = vec![0u8; len];
-                dev.copy_to_host(&mut got, buf.full(), &stream).expect("d2h");
+                dev.copy_to_host(&mut got, buf.full(), &stream)
+                    .expect("d2h");
                 assert_eq!(got, want, "{} {dtype} {op}", dev.info().model);
             }
         }
@@ -53,9 +54,12 @@ fn copies_between_buffers_and_within_one() {
         let s = dev.default_stream();
         let a = dev.allocate(64).expect("allocate");
         let b = dev.allocate(64).expect("allocate");
-        dev.copy_to_device(a.full(), &pattern(64, 1), &s).expect("h2d");
-        dev.copy_within(b.slice(0, 32), a.slice(32, 32), &s).expect("d2d");
-        dev.copy_within(a.slice(0, 16), a.slice(48, 16), &s).expect("same buffer");
+        dev.copy_to_device(a.full(), &pattern(64, 1), &s)
+            .expect("h2d");
+        dev.copy_within(b.slice(0, 32), a.slice(32, 32), &s)
+            .expect("d2d");
+        dev.copy_within(a.slice(0, 16), a.slice(48, 16), &s)
+            .expect("same buffer");
         let mut got = vec![0u8; 32];
         dev.copy_to_host(&mut got, b.slice(0, 32), &s).expect("d2h");
         assert_eq!(got, pattern(64, 1)[32..]);
@@ -73,7 +77,10 @@ fn bad_handles_and_ranges_are_errors() {
     let err = y
         .copy_to_device(buf.full(), &[0u8; 16], &y.default_stream())
         .expect_err("foreign buffer");
-    assert!(matches!(err, DeviceError::ForeignHandle { what: "buffer", .. }), "{err}");
+    assert!(
+        matches!(err, DeviceError::ForeignHandle { what: "buffer", .. }),
+        "{err}"
+    );
     let err = x
         .copy_to_device(buf.slice(8, 16), &[0u8; 16], &x.default_stream())
         .expect_err("out of range");
@@ -81,9 +88,18 @@ fn bad_handles_and_ranges_are_errors() {
     let err = x
         .copy_to_device(buf.full(), &[0u8; 16], &y.default_stream())
         .expect_err("foreign stream");
-    assert!(matches!(err, DeviceError::ForeignHandle { what: "stream", .. }));
+    assert!(matches!(
+        err,
+        DeviceError::ForeignHandle { what: "stream", .. }
+    ));
     let err = x
-        .reduce_from_host(buf.full(), &[0u8; 15], DataType::Float32, ReduceOp::Sum, &x.default_stream())
+        .reduce_from_host(
+            buf.full(),
+            &[0u8; 15],
+            DataType::Float32,
+            ReduceOp::Sum,
+            &x.default_stream(),
+        )
         .expect_err("short source");
     assert!(err.to_string().contains("lengths differ"), "{err}");
 }

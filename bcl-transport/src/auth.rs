@@ -42,7 +42,13 @@ impl Secret {
     }
 
     /// The proof that the holder of this secret took part in the exchange.
-    pub fn prove(&self, role: &[u8], nonce_a: &[u8; 16], nonce_b: &[u8; 16], context: &[u8]) -> [u8; 32] {
+    pub fn prove(
+        &self,
+        role: &[u8],
+        nonce_a: &[u8; 16],
+        nonce_b: &[u8; 16],
+        context: &[u8],
+    ) -> [u8; 32] {
         // HMAC accepts keys of any length; new_from_slice cannot fail for HMAC.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
             .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
@@ -63,7 +69,10 @@ impl Secret {
         context: &[u8],
     ) -> bool {
         let want = self.prove(role, nonce_a, nonce_b, context);
-        want.iter().zip(proof).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        want.iter()
+            .zip(proof)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 }
 

@@ -232,7 +232,12 @@ impl Transport for MemTransport {
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
         self.check_peer(peer)?;
-        let stalled = self.shared.faults.lock().stalled.contains(&(peer, self.rank));
+        let stalled = self
+            .shared
+            .faults
+            .lock()
+            .stalled
+            .contains(&(peer, self.rank));
         let mut inbox = self.shared.inboxes[self.rank].lock();
         let Some(queue) = inbox.messages.get_mut(&(peer, tag)) else {
             return Ok(None);
@@ -307,8 +312,14 @@ mod tests {
         let m = b.try_recv(0, 9).expect("recv").expect("arrived");
         assert_eq!(m.data, b"other");
         b.release(m);
-        assert_eq!(b.try_recv(0, 7).expect("recv").expect("arrived").data, b"first");
-        assert_eq!(b.try_recv(0, 7).expect("recv").expect("arrived").data, b"second");
+        assert_eq!(
+            b.try_recv(0, 7).expect("recv").expect("arrived").data,
+            b"first"
+        );
+        assert_eq!(
+            b.try_recv(0, 7).expect("recv").expect("arrived").data,
+            b"second"
+        );
     }
 
     #[test]
@@ -316,7 +327,10 @@ mod tests {
         let (f, mut a, mut b) = pair();
         f.faults().drop_peer(1);
         let e = a.try_send(1, 0, b"x").expect_err("dropped");
-        assert!(matches!(e, TransportError::PeerClosed { peer: 1, .. }), "{e}");
+        assert!(
+            matches!(e, TransportError::PeerClosed { peer: 1, .. }),
+            "{e}"
+        );
         assert!(b.try_recv(0, 0).is_err());
     }
 
@@ -327,7 +341,10 @@ mod tests {
         a.try_send(1, 1, b"held").expect("send");
         assert!(b.try_recv(0, 1).expect("recv").is_none());
         f.faults().resume_link(0, 1);
-        assert_eq!(b.try_recv(0, 1).expect("recv").expect("arrived").data, b"held");
+        assert_eq!(
+            b.try_recv(0, 1).expect("recv").expect("arrived").data,
+            b"held"
+        );
     }
 
     #[test]

@@ -10,14 +10,24 @@ fn exercise(a: Arc<dyn Store>, b: Arc<dyn Store>) {
         std::thread::sleep(Duration::from_millis(50));
         b.set("rank/1", b"hello").expect("set");
     });
-    let got = a.get("rank/1", Instant::now() + Duration::from_secs(10)).expect("get");
+    let got = a
+        .get("rank/1", Instant::now() + Duration::from_secs(10))
+        .expect("get");
     assert_eq!(got, b"hello");
     setter.join().expect("join");
     assert_eq!(a.try_get("absent").expect("try_get"), None);
     let start = Instant::now();
-    let err = a.get("absent", Instant::now() + Duration::from_millis(200)).expect_err("timeout");
-    assert!(matches!(err, StoreError::Timeout { ref key, .. } if key == "absent"), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(5), "a bounded wait overran");
+    let err = a
+        .get("absent", Instant::now() + Duration::from_millis(200))
+        .expect_err("timeout");
+    assert!(
+        matches!(err, StoreError::Timeout { ref key, .. } if key == "absent"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "a bounded wait overran"
+    );
 }
 
 #[test]
@@ -37,7 +47,8 @@ fn file_store() {
 #[test]
 fn tcp_store_and_its_handshake() {
     let secret = Secret([3; 16]);
-    let server = TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("start");
+    let server =
+        TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("start");
     let d = Instant::now() + Duration::from_secs(5);
     let a = TcpStore::connect(server.addr(), &secret, d).expect("client a");
     let b = TcpStore::connect(server.addr(), &secret, d).expect("client b");

@@ -23,7 +23,10 @@ fn mesh(n: usize, sockets: usize) -> Vec<TcpTransport> {
     let addrs: Vec<_> = ts.iter().map(|t| t.address().clone()).collect();
     std::thread::scope(|s| {
         for (rank, t) in ts.iter_mut().enumerate() {
-            let peers: Vec<_> = (0..n).filter(|p| *p != rank).map(|p| (p, addrs[p].clone())).collect();
+            let peers: Vec<_> = (0..n)
+                .filter(|p| *p != rank)
+                .map(|p| (p, addrs[p].clone()))
+                .collect();
             s.spawn(move || t.connect(rank, &peers, deadline(10)).expect("connect"));
         }
     });
@@ -39,7 +42,10 @@ fn recv_blocking(t: &mut TcpTransport, peer: usize, tag: u64) -> Result<Vec<u8>,
             t.release(m);
             return Ok(data);
         }
-        assert!(Instant::now() < end, "message {tag} from {peer} never arrived");
+        assert!(
+            Instant::now() < end,
+            "message {tag} from {peer} never arrived"
+        );
         t.wait(Duration::from_millis(5))?;
     }
 }
@@ -51,7 +57,10 @@ fn messages_arrive_by_tag_over_several_sockets() {
     let (a, b) = (&mut a[0], &mut b[0]);
     let big: Vec<u8> = (0..3_000_000u32).map(|i| i as u8).collect();
     for tag in 0..6u64 {
-        while !a.try_send(1, tag, &big[..big.len() - tag as usize]).expect("send") {
+        while !a
+            .try_send(1, tag, &big[..big.len() - tag as usize])
+            .expect("send")
+        {
             a.progress().expect("progress");
             b.progress().expect("progress");
         }
@@ -59,7 +68,10 @@ fn messages_arrive_by_tag_over_several_sockets() {
     // Receive in reverse tag order: tags overtake each other freely.
     let recv = std::thread::scope(|s| {
         let h = s.spawn(|| {
-            (0..6u64).rev().map(|tag| recv_blocking(b, 0, tag).expect("recv")).collect::<Vec<_>>()
+            (0..6u64)
+                .rev()
+                .map(|tag| recv_blocking(b, 0, tag).expect("recv"))
+                .collect::<Vec<_>>()
         });
         while !a.flushed() {
             a.progress().expect("progress");
@@ -84,7 +96,10 @@ fn four_ranks_full_mesh_exchange() {
     }
     for (rank, t) in ts.iter_mut().enumerate() {
         for peer in (0..4).filter(|p| *p != rank) {
-            assert_eq!(recv_blocking(t, peer, 42).expect("recv"), vec![peer as u8; 10]);
+            assert_eq!(
+                recv_blocking(t, peer, 42).expect("recv"),
+                vec![peer as u8; 10]
+            );
         }
     }
 }
@@ -95,15 +110,22 @@ fn a_stranger_is_refused_and_setup_carries_on() {
     let mut a = TcpTransport::bind(TcpConfig::new(secret)).expect("bind");
     let mut b = TcpTransport::bind(TcpConfig::new(secret)).expect("bind");
     // Rank 1 accepts from rank 0; strangers knock on rank 1's port first.
-    let b_addr: std::net::SocketAddr =
-        std::str::from_utf8(b.address().as_bytes()).expect("utf8").parse().expect("addr");
+    let b_addr: std::net::SocketAddr = std::str::from_utf8(b.address().as_bytes())
+        .expect("utf8")
+        .parse()
+        .expect("addr");
     let mut garbage = TcpStream::connect(b_addr).expect("stranger connects");
-    garbage.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
     let _silent = TcpStream::connect(b_addr).expect("silent stranger connects");
     let (pa, pb) = ((1, b.address().clone()), (0, a.address().clone()));
     std::thread::scope(|s| {
         s.spawn(|| a.connect(0, &[pa], deadline(10)).expect("rank 0 connects"));
-        s.spawn(|| b.connect(1, &[pb], deadline(10)).expect("rank 1 accepts rank 0"));
+        s.spawn(|| {
+            b.connect(1, &[pb], deadline(10))
+                .expect("rank 1 accepts rank 0")
+        });
     });
     assert!(a.try_send(1, 5, b"still works").expect("send"));
     assert_eq!(recv_blocking(&mut b, 0, 5).expect("recv"), b"still works");
@@ -122,7 +144,10 @@ fn wrong_secret_cannot_join() {
     let ea = ra.expect_err("rank 0 must fail");
     assert!(matches!(ea, TransportError::Handshake { .. }), "{ea}");
     let eb = rb.expect_err("rank 1 must fail");
-    assert!(matches!(eb, TransportError::ConnectTimeout { rank: 1, ref missing } if missing == &[0]), "{eb}");
+    assert!(
+        matches!(eb, TransportError::ConnectTimeout { rank: 1, ref missing } if missing == &[0]),
+        "{eb}"
+    );
 }
 
 #[test]
@@ -134,7 +159,10 @@ fn closed_peer_and_oversized_message_are_errors_naming_the_peer() {
     drop(b);
     // Rank 1 is gone: rank 0's next receive from it reports the closed peer.
     let err = recv_blocking(&mut a, 1, 0).expect_err("peer closed");
-    assert!(matches!(err, TransportError::PeerClosed { peer: 1, .. }), "{err}");
+    assert!(
+        matches!(err, TransportError::PeerClosed { peer: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("rank 1"));
 
     let mut ts = mesh(2, 1);
@@ -142,6 +170,9 @@ fn closed_peer_and_oversized_message_are_errors_naming_the_peer() {
     let mut a = ts.pop().expect("rank 0");
     let big = vec![0u8; (64 << 20) + 1];
     let err = a.try_send(1, 0, &big).expect_err("too large");
-    assert!(matches!(err, TransportError::TooLarge { peer: 1, .. }), "{err}");
+    assert!(
+        matches!(err, TransportError::TooLarge { peer: 1, .. }),
+        "{err}"
+    );
     b.progress().expect("idle progress is fine");
 }

@@ -32,7 +32,10 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.inner.map.lock().insert(key.to_string(), value.to_vec());
+        self.inner
+            .map
+            .lock()
+            .insert(key.to_string(), value.to_vec());
         self.inner.changed.notify_all();
         Ok(())
     }
@@ -43,7 +46,12 @@ impl Store for MemoryStore {
             if let Some(v) = map.get(key) {
                 return Ok(v.clone());
             }
-            if self.inner.changed.wait_until(&mut map, deadline).timed_out() {
+            if self
+                .inner
+                .changed
+                .wait_until(&mut map, deadline)
+                .timed_out()
+            {
                 return map.get(key).cloned().ok_or_else(|| StoreError::Timeout {
                     store: "memory".into(),
                     key: key.to_string(),

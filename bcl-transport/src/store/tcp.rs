@@ -80,7 +80,9 @@ impl TcpStoreServer {
             source,
         };
         let listener = TcpListener::bind(bind).map_err(|e| io("binding", e))?;
-        let addr = listener.local_addr().map_err(|e| io("reading address", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| io("reading address", e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| io("configuring", e))?;
@@ -199,7 +201,11 @@ impl std::fmt::Debug for TcpStore {
 
 impl TcpStore {
     /// Connect to the server at `addr`, retrying until `deadline` while it is not up yet.
-    pub fn connect(addr: SocketAddr, secret: &Secret, deadline: Instant) -> Result<Self, StoreError> {
+    pub fn connect(
+        addr: SocketAddr,
+        secret: &Secret,
+        deadline: Instant,
+    ) -> Result<Self, StoreError> {
         let name = format!("tcp ({addr})");
         let mut stream = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
@@ -207,7 +213,8 @@ impl TcpStore {
                 Err(source) if Instant::now() >= deadline => {
                     return Err(StoreError::Io {
                         store: name,
-                        what: "connecting to the store served by rank 0 (is rank 0 running?)".into(),
+                        what: "connecting to the store served by rank 0 (is rank 0 running?)"
+                            .into(),
                         source,
                     });
                 }
@@ -240,7 +247,8 @@ impl TcpStore {
             source,
         };
         let mut s = self.stream.lock();
-        s.set_read_timeout(Some(wait + HANDSHAKE_LIMIT)).map_err(io)?;
+        s.set_read_timeout(Some(wait + HANDSHAKE_LIMIT))
+            .map_err(io)?;
         write_message(&mut s, request).map_err(io)?;
         read_message(&mut s).map_err(io)
     }

@@ -43,8 +43,15 @@ impl std::fmt::Display for DecodeError {
 }
 
 enum State {
-    Header { buf: [u8; HEADER_LEN], filled: usize },
-    Payload { tag: Tag, buf: Vec<u8>, filled: usize },
+    Header {
+        buf: [u8; HEADER_LEN],
+        filled: usize,
+    },
+    Payload {
+        tag: Tag,
+        buf: Vec<u8>,
+        filled: usize,
+    },
 }
 
 /// Incremental frame decoder.
@@ -167,7 +174,11 @@ mod tests {
         let mut cut = cuts.iter().cycle();
         while pos < bytes.len() {
             let want = d.want();
-            let n = want.len().min(bytes.len() - pos).min(*cut.next().unwrap_or(&1)).max(1);
+            let n = want
+                .len()
+                .min(bytes.len() - pos)
+                .min(*cut.next().unwrap_or(&1))
+                .max(1);
             want[..n].copy_from_slice(&bytes[pos..pos + n]);
             pos += n;
             if let Some(f) = d.advance(n, Vec::new)? {
@@ -206,7 +217,13 @@ mod tests {
     fn oversized_length_is_rejected_before_allocation() {
         let h = encode_header(1, u32::MAX);
         let err = feed(&h, &[16], 1024).expect_err("too long");
-        assert_eq!(err, DecodeError::TooLong { len: u32::MAX as usize, max: 1024 });
+        assert_eq!(
+            err,
+            DecodeError::TooLong {
+                len: u32::MAX as usize,
+                max: 1024
+            }
+        );
         let err = feed(b"GET / HTTP/1.1\r\n\r\n", &[5], 1024).expect_err("bad magic");
         assert!(matches!(err, DecodeError::BadMagic(_)));
     }

@@ -47,13 +47,15 @@ pub(crate) fn dial(
         }
     };
     let limit = Some(remaining(deadline).min(HANDSHAKE_LIMIT));
-    stream.set_read_timeout(limit).map_err(|e| io("configure", e))?;
-    stream.set_write_timeout(limit).map_err(|e| io("configure", e))?;
-    exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| {
-        TransportError::Handshake {
-            addr: format!("rank {peer} ({addr})"),
-            reason: e.to_string(),
-        }
+    stream
+        .set_read_timeout(limit)
+        .map_err(|e| io("configure", e))?;
+    stream
+        .set_write_timeout(limit)
+        .map_err(|e| io("configure", e))?;
+    exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| TransportError::Handshake {
+        addr: format!("rank {peer} ({addr})"),
+        reason: e.to_string(),
     })?;
     let mut intro = [0u8; 12];
     intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
@@ -85,7 +87,9 @@ fn admit(
     exchange::server(&mut stream, secret, AUTH_CONTEXT).map_err(|e| e.to_string())?;
     let mut intro = [0u8; 12];
     stream.read_exact(&mut intro).map_err(|e| e.to_string())?;
-    let word = |i: usize| u32::from_le_bytes([intro[i], intro[i + 1], intro[i + 2], intro[i + 3]]) as usize;
+    let word = |i: usize| {
+        u32::from_le_bytes([intro[i], intro[i + 1], intro[i + 2], intro[i + 3]]) as usize
+    };
     let (from, to, index) = (word(0), word(4), word(8));
     if to != local_rank || !expected.contains(&(from, index)) {
         let _ = stream.write_all(b"NO");

@@ -87,7 +87,12 @@ pub struct TcpTransport {
 
 impl std::fmt::Debug for TcpTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TcpTransport({:?}, {} peers)", self.address, self.peers.len())
+        write!(
+            f,
+            "TcpTransport({:?}, {} peers)",
+            self.address,
+            self.peers.len()
+        )
     }
 }
 
@@ -96,17 +101,18 @@ const POOL_LIMIT: usize = 256;
 impl TcpTransport {
     /// Listen on `config.bind_ip`, an ephemeral port.
     pub fn bind(config: TcpConfig) -> Result<Self, TransportError> {
-        let listener =
-            TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
-                TransportError::Setup {
-                    what: format!("binding a TCP listener on {}", config.bind_ip),
-                    source,
-                }
-            })?;
-        let local = listener.local_addr().map_err(|source| TransportError::Setup {
-            what: "reading the listener's address".into(),
-            source,
+        let listener = TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
+            TransportError::Setup {
+                what: format!("binding a TCP listener on {}", config.bind_ip),
+                source,
+            }
         })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| TransportError::Setup {
+                what: "reading the listener's address".into(),
+                source,
+            })?;
         let address = PeerAddress::new(local.to_string().into_bytes())
             .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
         let capabilities = Capabilities {
@@ -172,7 +178,10 @@ fn flush(conn: &mut Conn, pool: &mut Vec<Vec<u8>>) -> io::Result<usize> {
         } else {
             (&[][..], &front.payload[front.written - HEADER_LEN..])
         };
-        let n = match conn.stream.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]) {
+        let n = match conn
+            .stream
+            .write_vectored(&[IoSlice::new(h), IoSlice::new(p)])
+        {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -230,10 +239,13 @@ impl Transport for TcpTransport {
                 },
             );
         }
-        let listener = self.listener.try_clone().map_err(|source| TransportError::Setup {
-            what: "cloning the listener".into(),
-            source,
-        })?;
+        let listener = self
+            .listener
+            .try_clone()
+            .map_err(|source| TransportError::Setup {
+                what: "cloning the listener".into(),
+                source,
+            })?;
         let secret = self.config.secret;
         let acceptor = std::thread::spawn(move || {
             connect::accept_all(&listener, secret, local_rank, inbound, deadline)
@@ -259,7 +271,11 @@ impl Transport for TcpTransport {
         established.extend(accepted?);
         established.sort_by_key(|(p, i, _)| (*p, *i));
         for (peer, _, stream) in established {
-            let addr = self.peers.get(&peer).map(|p| p.addr.clone()).unwrap_or_default();
+            let addr = self
+                .peers
+                .get(&peer)
+                .map(|p| p.addr.clone())
+                .unwrap_or_default();
             self.configure(peer, &addr, &stream)?;
             let conn = Conn {
                 stream,

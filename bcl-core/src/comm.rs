@@ -1,0 +1,901 @@
+//! The `Communicator`: a group of ranks that run collectives together.
+//!
+//! Operations run in call order. Device-buffer operations are enqueued and driven by the
+//! communicator's progress thread, returning a [`Work`] handle. Host-slice operations are
+//! blocking: the caller waits until earlier enqueued work is done and then drives the
+//! executor on its own thread (no hand-off, and the borrowed slices never leave the call).
+
+use crate::bootstrap;
+use crate::config::{CommConfig, Launch, TransportKind, process_env};
+use crate::error::{Error, PeerLabel, Result};
+use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
+use crate::schedule::{Collective, Layout, Plan, build_plan};
+use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
+use crate::unique_id::UniqueId;
+use crate::work::{Work, WorkState};
+use bcl_backends::host::{host_identity, hostname};
+use bcl_backends::{Accelerator, DataType, DeviceBuffer, Element, ReduceOp, open_device};
+use bcl_transport::mem::MemFabric;
+use bcl_transport::store::{MemoryStore, Store, TcpStore, TcpStoreServer};
+use bcl_transport::tcp::{TcpConfig, TcpTransport};
+use bcl_transport::{Secret, Transport, TransportError};
+use crossbeam::channel::{Receiver, Sender, unbounded};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// An operation on device buffers, queued for the progress thread.
+struct DeviceJob {
+    collective: Collective,
+    count: usize,
+    dtype: DataType,
+    input: Option<DeviceBuffer>,
+    output: Option<DeviceBuffer>,
+    work: Arc<WorkState>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    collective: Collective,
+    count: usize,
+    in_place: bool,
+    slice_elems: usize,
+}
+
+/// The state one operation at a time works on: the transport, plans, scratch space.
+struct Engine {
+    transport: Box<dyn Transport>,
+    layout: Layout,
+    seq: u32,
+    plans: HashMap<PlanKey, Plan>,
+    host_scratch: Vec<u8>,
+    device_scratch: Option<DeviceBuffer>,
+}
+
+struct Shared {
+    rank: usize,
+    world: usize,
+    config: CommConfig,
+    accelerator: Arc<dyn Accelerator>,
+    peers: Vec<RankInfo>,
+    engine: Mutex<Engine>,
+    /// Device jobs enqueued and not yet finished.
+    queued: Mutex<usize>,
+    drained: Condvar,
+    poison: Mutex<Option<String>>,
+}
+
+/// A communicator: one rank's handle on a group of ranks.
+pub struct Communicator {
+    shared: Arc<Shared>,
+    jobs: Option<Sender<DeviceJob>>,
+    progress: Option<JoinHandle<()>>,
+    _store_server: Option<TcpStoreServer>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Communicator(rank {} of {}, {})",
+            self.shared.rank,
+            self.shared.world,
+            self.shared.accelerator.info()
+        )
+    }
+}
+
+/// Bytes as a person reads them.
+pub fn human_bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+impl Communicator {
+    /// Join a communicator as `rank` of `world`, rendezvousing through the TCP store that
+    /// rank 0 serves at `id.addr` (rank 0 starts it).
+    pub fn init(rank: usize, world: usize, id: &UniqueId, config: CommConfig) -> Result<Self> {
+        check_rank(rank, world)?;
+        let deadline = Instant::now() + config.init_timeout;
+        let server = if rank == 0 {
+            Some(
+                TcpStoreServer::start(id.addr, id.secret).map_err(|e| Error::Bootstrap {
+                    rank,
+                    reason: format!("rank 0 cannot serve the store at {}: {e}", id.addr),
+                })?,
+            )
+        } else {
+            None
+        };
+        let store = TcpStore::connect(id.addr, &id.secret, deadline).map_err(|e| {
+            Error::BootstrapTimeout {
+                rank,
+                missing: vec![0],
+                waited_s: config.init_timeout.as_secs_f64(),
+                detail: e.to_string(),
+            }
+        })?;
+        let mut comm = Self::init_with_store(rank, world, Arc::new(store), id.secret, config)?;
+        comm._store_server = server;
+        Ok(comm)
+    }
+
+    /// Join using the launcher's environment (see [`Launch::from_env`]) and `BCL_*` settings.
+    pub fn init_from_env() -> Result<Self> {
+        let launch = Launch::from_env(&process_env)?;
+        let config = CommConfig::default().with_env(&process_env)?;
+        Self::init(launch.rank, launch.world, &launch.unique_id, config)
+    }
+
+    /// `world` ranks as threads of this process, joined by the in-process transport (unless
+    /// `config.transport` says otherwise). Returns the communicators in rank order.
+    pub fn init_threads(world: usize, config: CommConfig) -> Result<Vec<Self>> {
+        Self::init_threads_with(world, |_| config.clone())
+    }
+
+    /// As [`Communicator::init_threads`], with a config per rank (e.g. mixed devices).
+    pub fn init_threads_with(
+        world: usize,
+        config_of: impl Fn(usize) -> CommConfig,
+    ) -> Result<Vec<Self>> {
+        check_rank(0, world)?;
+        let store = Arc::new(MemoryStore::new());
+        let secret = Secret::random().map_err(|e| Error::Unavailable(e.to_string()))?;
+        let fabric = MemFabric::new(world);
+        let configs: Vec<CommConfig> = (0..world)
+            .map(|r| {
+                let mut c = config_of(r);
+                if matches!(c.transport, TransportKind::Auto) {
+                    c.transport = TransportKind::Mem(fabric.clone());
+                }
+                c
+            })
+            .collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = configs
+                .into_iter()
+                .enumerate()
+                .map(|(rank, c)| {
+                    let store: Arc<dyn Store> = store.clone();
+                    s.spawn(move || Self::init_with_store(rank, world, store, secret, c))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
+                })
+                .collect()
+        })
+    }
+
+    /// Join through any rendezvous store. `secret` authenticates every connection.
+    pub fn init_with_store(
+        rank: usize,
+        world: usize,
+        store: Arc<dyn Store>,
+        secret: Secret,
+        config: CommConfig,
+    ) -> Result<Self> {
+        check_rank(rank, world)?;
+        let started = Instant::now();
+        let deadline = started + config.init_timeout;
+        let accelerator = open_device(&config.device, config.device_index);
+        let mut transport: Box<dyn Transport> = match &config.transport {
+            TransportKind::Mem(fabric) => Box::new(fabric.endpoint(rank)),
+            TransportKind::Tcp | TransportKind::Auto => {
+                let mut tcp = TcpConfig::new(secret);
+                tcp.bind_ip = config.bind_ip;
+                tcp.sockets_per_peer = config.sockets_per_peer;
+                tcp.max_frame = tcp.max_frame.max(config.slice_bytes);
+                Box::new(TcpTransport::bind(tcp).map_err(|e| Error::Bootstrap {
+                    rank,
+                    reason: e.to_string(),
+                })?)
+            }
+        };
+        let me = RankInfo {
+            rank,
+            hostname: hostname(),
+            host_id: host_identity(),
+            pid: std::process::id(),
+            device: accelerator.info().clone(),
+            address: transport.address().clone(),
+        };
+        let peers = bootstrap::exchange(
+            store.as_ref(),
+            &config.store_prefix,
+            &me,
+            world,
+            started,
+            deadline,
+        )?;
+        let connect: Vec<_> = peers
+            .iter()
+            .filter(|p| p.rank != rank)
+            .map(|p| (p.rank, p.address.clone()))
+            .collect();
+        for p in peers.iter().filter(|p| p.rank != rank) {
+            let link = choose_link(&config.transport, &me, p);
+            debug_assert!(matches!(link, LinkKind::Tcp | LinkKind::Mem));
+        }
+        transport
+            .connect(rank, &connect, deadline)
+            .map_err(|e| match e {
+                TransportError::ConnectTimeout { missing, .. } => Error::BootstrapTimeout {
+                    rank,
+                    missing,
+                    waited_s: started.elapsed().as_secs_f64(),
+                    detail: "connecting the transport".into(),
+                },
+                other => Error::Bootstrap {
+                    rank,
+                    reason: other.to_string(),
+                },
+            })?;
+        let layout = Layout::new(rank, ring_order(&peers)).map_err(Error::Internal)?;
+        tracing::debug!(rank, world, ring = ?layout.ring(), device = %me.device, "communicator ready");
+        let shared = Arc::new(Shared {
+            rank,
+            world,
+            config,
+            accelerator,
+            peers,
+            engine: Mutex::new(Engine {
+                transport,
+                layout,
+                seq: 0,
+                plans: HashMap::new(),
+                host_scratch: Vec::new(),
+                device_scratch: None,
+            }),
+            queued: Mutex::new(0),
+            drained: Condvar::new(),
+            poison: Mutex::new(None),
+        });
+        let (tx, rx) = unbounded();
+        let worker = shared.clone();
+        let progress = std::thread::Builder::new()
+            .name(format!("bcl-progress-{rank}"))
+            .spawn(move || progress_loop(worker, rx))
+            .map_err(|e| Error::Internal(format!("cannot start the progress thread: {e}")))?;
+        Ok(Communicator {
+            shared,
+            jobs: Some(tx),
+            progress: Some(progress),
+            _store_server: None,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    /// This rank's device.
+    pub fn accelerator(&self) -> &Arc<dyn Accelerator> {
+        &self.shared.accelerator
+    }
+
+    /// What every rank published at bootstrap, in rank order.
+    pub fn peers(&self) -> &[RankInfo] {
+        &self.shared.peers
+    }
+
+    /// The ring order (position → rank) the ring algorithms use.
+    pub fn ring(&self) -> Vec<usize> {
+        self.shared.engine.lock().layout.ring().to_vec()
+    }
+
+    /// The first fault that poisoned this communicator, if any.
+    pub fn async_error(&self) -> Option<String> {
+        self.shared.poison.lock().clone()
+    }
+
+    // ---- typed host-slice API (blocking) ----
+
+    /// `recv[i] = op over ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run_host(
+            Collective::AllReduce { op },
+            send.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run_host(
+            Collective::AllReduce { op },
+            buf.len(),
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// `recv` (world × send.len()) gets every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.run_host(
+            Collective::AllGather,
+            send.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    /// In place: this rank's contribution is already at `buf[rank*count..]`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.per_rank(buf.len())?;
+        self.run_host(
+            Collective::AllGather,
+            count,
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// `recv` gets block `rank` of the reduction of every rank's `send` (world × recv.len()).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.run_host(
+            Collective::ReduceScatter { op },
+            recv.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    /// In place: the result lands in `buf[rank*count..(rank+1)*count]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.per_rank(buf.len())?;
+        self.run_host(
+            Collective::ReduceScatter { op },
+            count,
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// `recv` on every rank gets `send` of `root` (`send` is read on the root only).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.run_host(
+            Collective::Broadcast { root },
+            recv.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.run_host(
+            Collective::Broadcast { root },
+            buf.len(),
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// `recv` on `root` gets the reduction of every rank's `send`; other ranks' `recv` is not
+    /// touched (it may be empty).
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let output = (self.rank() == root).then(|| bytes_mut(recv));
+        self.run_host(
+            Collective::Reduce { op, root },
+            send.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            output,
+        )
+    }
+
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.run_host(
+            Collective::Reduce { op, root },
+            buf.len(),
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// Block j of `send` goes to rank j; block j of `recv` comes from rank j.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.per_rank(send.len())?;
+        self.run_host(
+            Collective::AllToAll,
+            count,
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.per_rank(buf.len())?;
+        self.run_host(
+            Collective::AllToAll,
+            count,
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// Send `data` to `peer`, which must call [`Communicator::recv`] with the same count.
+    pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
+        self.run_host(
+            Collective::Send { peer },
+            data.len(),
+            T::DATA_TYPE,
+            Some(bytes(data)),
+            None,
+        )
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.run_host(
+            Collective::Recv { peer },
+            buf.len(),
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        self.run_host(Collective::Barrier, 0, DataType::Uint8, None, None)
+    }
+
+    // ---- device-buffer API (enqueued) ----
+
+    /// Enqueue `collective` over device buffers of this rank's device; `input: None` means
+    /// in place on `output`. Buffers are held until the work completes.
+    pub fn submit(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&DeviceBuffer>,
+        output: Option<&DeviceBuffer>,
+    ) -> Result<Work> {
+        self.check_usable()?;
+        let in_place = input.is_none();
+        let need = self.validate(collective, count, dtype, in_place)?;
+        check_len("input", input.map(DeviceBuffer::len), need.0)?;
+        check_len("output", output.map(DeviceBuffer::len), need.1)?;
+        let work = Arc::new(WorkState::default());
+        let job = DeviceJob {
+            collective,
+            count,
+            dtype,
+            input: input.cloned(),
+            output: output.cloned(),
+            work: work.clone(),
+        };
+        *self.shared.queued.lock() += 1;
+        let sent = self.jobs.as_ref().map(|j| j.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            *self.shared.queued.lock() -= 1;
+            return Err(Error::Internal("the progress thread is gone".into()));
+        }
+        Ok(Work {
+            state: work,
+            description: format!("{collective} of {count} x {dtype}"),
+        })
+    }
+
+    /// `output = op over ranks of input` on device buffers.
+    pub fn all_reduce_device(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Work> {
+        self.submit(
+            Collective::AllReduce { op },
+            count,
+            dtype,
+            Some(input),
+            Some(output),
+        )
+    }
+
+    // ---- internals ----
+
+    fn per_rank(&self, total: usize) -> Result<usize> {
+        let n = self.world_size();
+        if total % n != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer of {total} elements cannot be split into {n} equal blocks"
+            )));
+        }
+        Ok(total / n)
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match self.shared.poison.lock().as_ref() {
+            Some(first) => Err(Error::Poisoned(first.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Check the call's parameters; returns the byte sizes the buffers must have.
+    fn validate(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        in_place: bool,
+    ) -> Result<(Option<usize>, Option<usize>)> {
+        let (rank, world) = (self.rank(), self.world_size());
+        if let Some(r) = collective.root() {
+            if r >= world {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: rank {r} does not exist in a communicator of {world}",
+                    collective.name()
+                )));
+            }
+            if matches!(
+                collective,
+                Collective::Send { .. } | Collective::Recv { .. }
+            ) && r == rank
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: rank {rank} cannot address itself",
+                    collective.name()
+                )));
+            }
+        }
+        let esize = dtype.size();
+        let (i, o) = collective.buffer_elems(count, world, rank);
+        let bytes = |e: Option<usize>| -> Result<Option<usize>> {
+            e.map(|e| {
+                e.checked_mul(esize).ok_or_else(|| {
+                    Error::InvalidArgument(format!("count {count} of {dtype} overflows"))
+                })
+            })
+            .transpose()
+        };
+        let (i, o) = (bytes(i)?, bytes(o)?);
+        if in_place {
+            if matches!(
+                collective,
+                Collective::Send { .. } | Collective::Recv { .. } | Collective::Barrier
+            ) {
+                return Ok((None, o));
+            }
+            // One buffer, sized for the larger side.
+            return Ok((None, Some(i.unwrap_or(0).max(o.unwrap_or(0)))));
+        }
+        Ok((i, o))
+    }
+
+    fn run_host(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&[u8]>,
+        output: Option<&mut [u8]>,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let in_place = input.is_none();
+        let need = self.validate(collective, count, dtype, in_place)?;
+        check_len("send buffer", input.map(<[u8]>::len), need.0)?;
+        check_len("receive buffer", output.as_ref().map(|o| o.len()), need.1)?;
+        // Keep call order: earlier enqueued device work finishes first.
+        {
+            let mut q = self.shared.queued.lock();
+            while *q > 0 {
+                self.shared.drained.wait(&mut q);
+            }
+        }
+        let bindings = Bindings {
+            input: input.map(Memory::HostRead),
+            output: output.map(Memory::HostWrite),
+            scratch: None,
+        };
+        let mut engine = self.shared.engine.lock();
+        run(
+            &self.shared,
+            &mut engine,
+            collective,
+            count,
+            dtype,
+            bindings,
+            false,
+        )
+    }
+}
+
+fn check_rank(rank: usize, world: usize) -> Result<()> {
+    if world == 0 || rank >= world {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank} is not in 0..{world} (world size must be at least 1)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_len(what: &str, got: Option<usize>, want: Option<usize>) -> Result<()> {
+    match (got, want) {
+        (Some(g), Some(w)) if g < w || (g != w && what.contains("buffer")) => {
+            Err(Error::InvalidArgument(format!(
+                "{what} holds {g} bytes, but this call needs {w} bytes"
+            )))
+        }
+        (None, Some(w)) if w > 0 => Err(Error::InvalidArgument(format!(
+            "{what} is missing; this call needs {w} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
+    while let Ok(job) = jobs.recv() {
+        let result = match shared.poison.lock().clone() {
+            Some(first) => Err(Error::Poisoned(first)),
+            None => {
+                let bindings = Bindings {
+                    input: job.input.as_ref().map(Memory::Device),
+                    output: job.output.as_ref().map(Memory::Device),
+                    scratch: None,
+                };
+                let mut engine = shared.engine.lock();
+                run(
+                    &shared,
+                    &mut engine,
+                    job.collective,
+                    job.count,
+                    job.dtype,
+                    bindings,
+                    true,
+                )
+            }
+        };
+        job.work.complete(result);
+        let mut q = shared.queued.lock();
+        *q -= 1;
+        if *q == 0 {
+            shared.drained.notify_all();
+        }
+    }
+}
+
+/// Run one operation to completion (or error) on the calling thread.
+fn run<'a>(
+    shared: &Shared,
+    engine: &'a mut Engine,
+    collective: Collective,
+    count: usize,
+    dtype: DataType,
+    mut bindings: Bindings<'a>,
+    on_device: bool,
+) -> Result<()> {
+    let rank = shared.rank;
+    engine.seq = engine.seq.wrapping_add(1);
+    let seq = engine.seq;
+    let describe = || {
+        format!(
+            "{collective} #{seq} ({count} x {dtype}, {})",
+            human_bytes(count * dtype.size())
+        )
+    };
+    let in_place = bindings.input.is_none();
+    let slice_elems = (shared.config.slice_bytes / dtype.size()).max(1);
+    let key = PlanKey {
+        collective,
+        count,
+        in_place,
+        slice_elems,
+    };
+    let Engine {
+        transport,
+        layout,
+        plans,
+        host_scratch,
+        device_scratch,
+        ..
+    } = engine;
+    if plans.len() > 256 {
+        plans.clear();
+    }
+    let plan = plans
+        .entry(key)
+        .or_insert_with(|| build_plan(collective, layout, count, in_place, slice_elems));
+    let scratch_bytes = plan.scratch_elems * dtype.size();
+    let device_error = |source| Error::Device {
+        rank,
+        device: shared.accelerator.info().to_string(),
+        source,
+    };
+    if scratch_bytes > 0 {
+        if on_device {
+            if device_scratch
+                .as_ref()
+                .is_none_or(|b| b.len() < scratch_bytes)
+            {
+                *device_scratch = Some(
+                    shared
+                        .accelerator
+                        .allocate(scratch_bytes)
+                        .map_err(device_error)?,
+                );
+            }
+            bindings.scratch = device_scratch.as_ref().map(Memory::Device);
+        } else {
+            if host_scratch.len() < scratch_bytes {
+                host_scratch.resize(scratch_bytes, 0);
+            }
+            bindings.scratch = Some(Memory::HostWrite(&mut host_scratch[..scratch_bytes]));
+        }
+    }
+    let ctx = OpContext {
+        seq,
+        dtype,
+        op: collective
+            .reduce_op()
+            .unwrap_or(ReduceOp::Sum)
+            .accumulate_op(),
+        world: shared.world,
+        accelerator: shared.accelerator.as_ref(),
+        stream: shared.accelerator.default_stream(),
+    };
+    let started = Instant::now();
+    let deadline = started + shared.config.op_timeout;
+    let mut exec = Executor::new(plan);
+    let mut idle = 0u32;
+    let outcome: Result<()> = loop {
+        match exec.poll(transport.as_mut(), &mut bindings, &ctx) {
+            Err(e) => break Err(exec_error(shared, e, describe())),
+            Ok(_) if exec.is_done() => break Ok(()),
+            Ok(true) => idle = 0,
+            Ok(false) => {
+                idle += 1;
+                if Instant::now() >= deadline {
+                    let waiting = exec.waiting_on();
+                    let blocked = exec.blocked_sends();
+                    let label = |rs: &[usize]| {
+                        rs.iter()
+                            .map(|r| shared.peers[*r].label().0)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let mut waiting_on = String::new();
+                    if !waiting.is_empty() {
+                        waiting_on += &format!("data from {}", label(&waiting));
+                    }
+                    if !blocked.is_empty() {
+                        if !waiting_on.is_empty() {
+                            waiting_on += "; ";
+                        }
+                        waiting_on += &format!("room to send to {}", label(&blocked));
+                    }
+                    break Err(Error::Timeout {
+                        rank,
+                        local: shared.peers[rank].label(),
+                        op: describe(),
+                        waited_s: started.elapsed().as_secs_f64(),
+                        waiting_on,
+                    });
+                }
+                if idle > 4 {
+                    if let Err(e) = transport.wait(Duration::from_millis(2)) {
+                        break Err(exec_error(shared, ExecError::Transport(e), describe()));
+                    }
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    };
+    if let Err(e) = &outcome
+        && e.poisons()
+    {
+        let mut p = shared.poison.lock();
+        if p.is_none() {
+            *p = Some(e.to_string());
+        }
+        tracing::error!(rank, error = %e, "collective failed; communicator poisoned");
+    }
+    outcome
+}
+
+fn exec_error(shared: &Shared, e: ExecError, op: String) -> Error {
+    let rank = shared.rank;
+    let label = |r: usize| {
+        shared
+            .peers
+            .get(r)
+            .map(RankInfo::label)
+            .unwrap_or_else(|| PeerLabel(format!("rank {r}")))
+    };
+    match e {
+        ExecError::Transport(t) => Error::Link {
+            rank,
+            local: label(rank),
+            peer: t.peer().map_or_else(|| PeerLabel("a peer".into()), label),
+            op,
+            reason: t.to_string(),
+        },
+        ExecError::Device(source) => Error::Device {
+            rank,
+            device: shared.accelerator.info().to_string(),
+            source,
+        },
+        ExecError::Mismatch {
+            peer,
+            got,
+            expected,
+        } => Error::Mismatch {
+            rank,
+            peer: label(peer),
+            op,
+            got,
+            expected,
+        },
+        ExecError::Binding(why) => Error::Internal(format!("{op}: {why}")),
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finish queued work, stop the progress thread, then let queued sends leave.
+        self.jobs.take();
+        if let Some(t) = self.progress.take() {
+            let _ = t.join();
+        }
+        let mut engine = self.shared.engine.lock();
+        let end = Instant::now() + Duration::from_secs(2);
+        while !engine.transport.flushed() && Instant::now() < end {
+            if engine.transport.progress().is_err() {
+                break;
+            }
+            let _ = engine.transport.wait(Duration::from_millis(1));
+        }
+    }
+}

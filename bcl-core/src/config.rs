@@ -1,0 +1,222 @@
+//! Configuration, and the one place where environment variables are read.
+
+use crate::error::{Error, Result};
+use crate::unique_id::UniqueId;
+use bcl_backends::DeviceSpec;
+use bcl_transport::mem::MemFabric;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+/// Which transport a communicator uses between its ranks.
+#[derive(Clone, Debug, Default)]
+pub enum TransportKind {
+    /// Choose per peer: today TCP for every peer (shared memory for same-host peers and RDMA
+    /// come with their own transports).
+    #[default]
+    Auto,
+    Tcp,
+    /// In-process, for ranks that are threads of one process joined by this fabric.
+    Mem(MemFabric),
+}
+
+impl TransportKind {
+    pub fn parse(text: &str) -> Result<Self> {
+        match text {
+            "auto" => Ok(TransportKind::Auto),
+            "tcp" => Ok(TransportKind::Tcp),
+            "mem" => Err(Error::InvalidArgument(
+                "the mem transport joins threads of one process: use Communicator::init_threads"
+                    .into(),
+            )),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown transport '{other}' (auto, tcp, mem)"
+            ))),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Mem(_) => "mem",
+        }
+    }
+}
+
+/// Everything that shapes a communicator besides its rank, world size and rendezvous.
+#[derive(Clone, Debug)]
+pub struct CommConfig {
+    /// The device this rank computes on.
+    pub device: DeviceSpec,
+    /// The device's index among its vendor's devices on this host.
+    pub device_index: u32,
+    pub transport: TransportKind,
+    /// TCP connections per peer.
+    pub sockets_per_peer: usize,
+    /// Address the TCP transport listens on and publishes.
+    pub bind_ip: IpAddr,
+    /// How long init waits for all ranks to arrive and connect.
+    pub init_timeout: Duration,
+    /// How long one collective may take before it fails naming the peers it waits for.
+    pub op_timeout: Duration,
+    /// The largest message of one pipelined slice.
+    pub slice_bytes: usize,
+    /// Namespace of this communicator's keys in a shared store.
+    pub store_prefix: String,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            device: DeviceSpec::Cpu,
+            device_index: 0,
+            transport: TransportKind::Auto,
+            sockets_per_peer: 2,
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            init_timeout: Duration::from_secs(60),
+            op_timeout: Duration::from_secs(300),
+            slice_bytes: 512 << 10,
+            store_prefix: "bcl".into(),
+        }
+    }
+}
+
+/// Rank, world size and unique id as a launcher hands them over.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub rank: usize,
+    pub world: usize,
+    pub unique_id: UniqueId,
+}
+
+fn first(get: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Option<(String, String)> {
+    names
+        .iter()
+        .find_map(|n| get(n).map(|v| (n.to_string(), v)))
+}
+
+fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value.trim().parse().map_err(|_| {
+        Error::InvalidArgument(format!(
+            "environment variable {name}='{value}' is not a number"
+        ))
+    })
+}
+
+impl CommConfig {
+    /// This config with the `BCL_*` overrides found through `get` applied:
+    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
+    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`.
+    pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        if let Some(v) = get("BCL_DEVICE") {
+            self.device = v
+                .parse()
+                .map_err(|e| Error::InvalidArgument(format!("BCL_DEVICE: {e}")))?;
+        }
+        if let Some(v) = get("BCL_TRANSPORT") {
+            self.transport = TransportKind::parse(&v)?;
+        }
+        if let Some(v) = get("BCL_SOCKETS_PER_PEER") {
+            self.sockets_per_peer = number::<usize>("BCL_SOCKETS_PER_PEER", &v)?.clamp(1, 64);
+        }
+        if let Some(v) = get("BCL_BIND_IP") {
+            self.bind_ip = number("BCL_BIND_IP", &v)?;
+        }
+        if let Some(v) = get("BCL_INIT_TIMEOUT_S") {
+            self.init_timeout = Duration::from_secs_f64(number("BCL_INIT_TIMEOUT_S", &v)?);
+        }
+        if let Some(v) = get("BCL_TIMEOUT_S") {
+            self.op_timeout = Duration::from_secs_f64(number("BCL_TIMEOUT_S", &v)?);
+        }
+        if let Some(v) = get("BCL_SLICE_BYTES") {
+            self.slice_bytes = number::<usize>("BCL_SLICE_BYTES", &v)?.max(64);
+        }
+        Ok(self)
+    }
+}
+
+impl Launch {
+    /// Rank, world size and unique id from the environment: `BCL_RANK` (or `RANK`,
+    /// `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`), `BCL_WORLD_SIZE` (or `WORLD_SIZE`,
+    /// `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS`) and `BCL_UNIQUE_ID`.
+    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let missing = |what: &str, names: &[&str]| {
+            Error::InvalidArgument(format!(
+                "{what} not set: none of {names:?} is in the environment"
+            ))
+        };
+        let rank_vars = [
+            "BCL_RANK",
+            "RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "SLURM_PROCID",
+        ];
+        let world_vars = [
+            "BCL_WORLD_SIZE",
+            "WORLD_SIZE",
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "SLURM_NTASKS",
+        ];
+        let (rn, rv) = first(get, &rank_vars).ok_or_else(|| missing("rank", &rank_vars))?;
+        let (wn, wv) = first(get, &world_vars).ok_or_else(|| missing("world size", &world_vars))?;
+        let id = get("BCL_UNIQUE_ID").ok_or_else(|| missing("unique id", &["BCL_UNIQUE_ID"]))?;
+        Ok(Launch {
+            rank: number(&rn, &rv)?,
+            world: number(&wn, &wv)?,
+            unique_id: id.parse()?,
+        })
+    }
+}
+
+/// The process environment, for [`CommConfig::with_env`] and [`Launch::from_env`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn launcher_variables_and_overrides() {
+        let id = "bcl://127.0.0.1:29500/000102030405060708090a0b0c0d0e0f";
+        let l = Launch::from_env(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("BCL_UNIQUE_ID", id),
+        ]))
+        .expect("launch");
+        assert_eq!((l.rank, l.world), (3, 8));
+        assert_eq!(l.unique_id.to_string(), id);
+        let c = CommConfig::default()
+            .with_env(&env(&[
+                ("BCL_DEVICE", "sim:copy=2"),
+                ("BCL_TIMEOUT_S", "1.5"),
+            ]))
+            .expect("config");
+        assert_eq!(c.device.to_string(), "sim:copy=2");
+        assert_eq!(c.op_timeout, Duration::from_millis(1500));
+        let e = Launch::from_env(&env(&[
+            ("RANK", "x"),
+            ("WORLD_SIZE", "2"),
+            ("BCL_UNIQUE_ID", id),
+        ]))
+        .expect_err("bad rank");
+        assert!(e.to_string().contains("RANK='x'"), "{e}");
+        let e = CommConfig::default()
+            .with_env(&env(&[("BCL_DEVICE", "tpu")]))
+            .expect_err("bad device");
+        assert!(e.to_string().contains("tpu"), "{e}");
+    }
+}

@@ -1,0 +1,114 @@
+//! The one error type of the core. Its variants map one to one onto the C result codes of
+//! the C ABI to come.
+//!
+//! Policy: bad input from the caller is an [`Error::InvalidArgument`] and changes nothing;
+//! a broken internal invariant is a debug assertion; I/O, remote and timeout errors poison
+//! the communicator, and every later call fails fast with [`Error::Poisoned`] naming the
+//! first fault.
+
+use bcl_backends::DeviceError;
+use thiserror::Error;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a message says about a peer: its rank, host and device, as a person reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerLabel(pub String);
+
+impl std::fmt::Display for PeerLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The caller passed something wrong (a count, a buffer length, a rank, a dtype).
+    /// Nothing was sent or changed. The caller is at fault.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Rendezvous did not complete: some ranks never published themselves before the init
+    /// timeout. Likely cause: those ranks were not started, crashed, or use another unique id.
+    #[error(
+        "rank {rank}: bootstrap timed out after {waited_s:.1} s; missing rank(s) {missing:?} ({detail})"
+    )]
+    BootstrapTimeout {
+        rank: usize,
+        missing: Vec<usize>,
+        waited_s: f64,
+        detail: String,
+    },
+
+    /// The rendezvous store or connection setup failed (unreachable store, handshake refused).
+    #[error("rank {rank}: bootstrap failed: {reason}")]
+    Bootstrap { rank: usize, reason: String },
+
+    /// Moving bytes to or from a peer failed. Names both ends of the link.
+    #[error("rank {rank} ({local}): link to {peer} failed during {op}: {reason}")]
+    Link {
+        rank: usize,
+        local: PeerLabel,
+        peer: PeerLabel,
+        op: String,
+        reason: String,
+    },
+
+    /// A peer sent data that contradicts this rank's operation: a different size for the same
+    /// message (mismatched counts or dtypes between ranks).
+    #[error(
+        "rank {rank}: {op}: {peer} sent {got} bytes where {expected} were expected (do all ranks pass the same count and dtype?)"
+    )]
+    Mismatch {
+        rank: usize,
+        peer: PeerLabel,
+        op: String,
+        got: usize,
+        expected: usize,
+    },
+
+    /// An operation did not finish in time. Names the peers this rank was still waiting for.
+    #[error("rank {rank} ({local}): {op} timed out after {waited_s:.1} s waiting for {waiting_on}")]
+    Timeout {
+        rank: usize,
+        local: PeerLabel,
+        op: String,
+        waited_s: f64,
+        waiting_on: String,
+    },
+
+    /// The device refused an operation.
+    #[error("rank {rank} device {device}: {source}")]
+    Device {
+        rank: usize,
+        device: String,
+        #[source]
+        source: DeviceError,
+    },
+
+    /// An earlier fault poisoned this communicator; it must be destroyed (or, later, shrunk).
+    #[error("communicator is unusable after an earlier error: {0}")]
+    Poisoned(String),
+
+    /// A backend or transport is not available in this build or on this machine.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+
+    /// An internal failure (a thread that died, a broken channel). A BCL bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Whether this error poisons the communicator it came from.
+    pub fn poisons(&self) -> bool {
+        matches!(
+            self,
+            Error::Link { .. }
+                | Error::Timeout { .. }
+                | Error::Mismatch { .. }
+                | Error::Device { .. }
+                | Error::Internal(_)
+        )
+    }
+}

@@ -1,0 +1,236 @@
+//! The steppable executor: drives one [`Plan`] through a Transport and an Accelerator.
+//!
+//! `poll` issues every step whose dependencies are done: sends are handed to the transport
+//! (which copies them into its own slots, or answers "not now" under back-pressure), arrived
+//! messages are reduced or copied into their region, local copies and divisions run at once.
+//! It never sleeps; whoever drives it (the progress thread, or the caller for blocking calls)
+//! decides how to wait when nothing moved. Many slices are in flight at once, so a slice is
+//! reduced while the next ones are on the wire.
+
+mod memory;
+
+pub use memory::{Bindings, Memory};
+
+use crate::schedule::{Action, Plan, Region};
+use bcl_backends::{Accelerator, DataType, DeviceError, ReduceOp, Stream, kernels};
+use bcl_transport::{Tag, Transport, TransportError};
+use std::time::Instant;
+
+/// Why a step failed; the communicator turns it into an [`crate::Error`] naming the peers.
+#[derive(Debug)]
+pub enum ExecError {
+    Transport(TransportError),
+    Device(DeviceError),
+    /// A message's size differs from the region it must fill.
+    Mismatch {
+        peer: usize,
+        got: usize,
+        expected: usize,
+    },
+    /// A plan used a buffer the caller did not bind (a core bug or a bad call).
+    Binding(String),
+}
+
+impl From<TransportError> for ExecError {
+    fn from(e: TransportError) -> Self {
+        ExecError::Transport(e)
+    }
+}
+
+impl From<DeviceError> for ExecError {
+    fn from(e: DeviceError) -> Self {
+        ExecError::Device(e)
+    }
+}
+
+/// The facts about the running operation every step needs.
+#[derive(Debug)]
+pub struct OpContext<'a> {
+    /// Sequence number of the operation: the upper half of every message tag.
+    pub seq: u32,
+    pub dtype: DataType,
+    /// The reduction applied hop by hop (`avg` runs as `sum`, then `Divide` steps).
+    pub op: ReduceOp,
+    pub world: usize,
+    pub accelerator: &'a dyn Accelerator,
+    pub stream: Stream,
+}
+
+impl OpContext<'_> {
+    fn tag(&self, tag: u32) -> Tag {
+        (u64::from(self.seq) << 32) | u64::from(tag)
+    }
+}
+
+/// Progress of one plan.
+#[derive(Debug)]
+pub struct Executor<'p> {
+    plan: &'p Plan,
+    waiting_for: Vec<usize>,
+    dependents: Vec<Vec<usize>>,
+    ready: Vec<usize>,
+    finished: usize,
+    staging: Vec<u8>,
+    /// When a step last completed (for the health layer and timeouts).
+    pub last_progress: Instant,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+impl<'p> Executor<'p> {
+    pub fn new(plan: &'p Plan) -> Self {
+        let n = plan.steps.len();
+        let mut dependents = vec![Vec::new(); n];
+        let mut waiting_for = vec![0; n];
+        for (i, step) in plan.steps.iter().enumerate() {
+            waiting_for[i] = step.deps.len();
+            for &d in &step.deps {
+                dependents[d].push(i);
+            }
+        }
+        let ready = (0..n).filter(|i| waiting_for[*i] == 0).collect();
+        Executor {
+            plan,
+            waiting_for,
+            dependents,
+            ready,
+            finished: 0,
+            staging: Vec::new(),
+            last_progress: Instant::now(),
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.finished == self.plan.steps.len()
+    }
+
+    /// The peers whose messages this rank is waiting for now (ready receives).
+    pub fn waiting_on(&self) -> Vec<usize> {
+        let mut peers: Vec<usize> = self
+            .ready
+            .iter()
+            .filter_map(|&i| match self.plan.steps[i].action {
+                Action::Recv { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+
+    /// The peers this rank cannot send to because their queues are full.
+    pub fn blocked_sends(&self) -> Vec<usize> {
+        let mut peers: Vec<usize> = self
+            .ready
+            .iter()
+            .filter_map(|&i| match self.plan.steps[i].action {
+                Action::Send { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+
+    /// Issue every ready step. Returns whether anything moved.
+    pub fn poll(
+        &mut self,
+        transport: &mut dyn Transport,
+        memory: &mut Bindings<'_>,
+        ctx: &OpContext<'_>,
+    ) -> Result<bool, ExecError> {
+        let mut moved = transport.progress()?;
+        let mut i = 0;
+        while i < self.ready.len() {
+            let step = self.ready[i];
+            if self.run_step(step, transport, memory, ctx)? {
+                self.ready.swap_remove(i);
+                self.finished += 1;
+                moved = true;
+                for k in 0..self.dependents[step].len() {
+                    let d = self.dependents[step][k];
+                    self.waiting_for[d] -= 1;
+                    if self.waiting_for[d] == 0 {
+                        self.ready.push(d);
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if moved {
+            self.last_progress = Instant::now();
+        }
+        Ok(moved)
+    }
+
+    fn run_step(
+        &mut self,
+        index: usize,
+        transport: &mut dyn Transport,
+        memory: &mut Bindings<'_>,
+        ctx: &OpContext<'_>,
+    ) -> Result<bool, ExecError> {
+        let esize = ctx.dtype.size();
+        match &self.plan.steps[index].action {
+            Action::Send { peer, tag, from } => {
+                let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
+                let len = bytes.len();
+                let sent = transport.try_send(*peer, ctx.tag(*tag), bytes)?;
+                if sent {
+                    self.bytes_sent += len as u64;
+                }
+                Ok(sent)
+            }
+            Action::Recv {
+                peer,
+                tag,
+                into,
+                reduce,
+            } => {
+                let Some(message) = transport.try_recv(*peer, ctx.tag(*tag))? else {
+                    return Ok(false);
+                };
+                let expected = into.len * esize;
+                let got = message.data.len();
+                let result = if got != expected {
+                    Err(ExecError::Mismatch {
+                        peer: *peer,
+                        got,
+                        expected,
+                    })
+                } else if *reduce {
+                    memory.reduce_into(*into, esize, &message.data, ctx)
+                } else {
+                    memory.write(*into, esize, &message.data, ctx)
+                };
+                transport.release(message);
+                result?;
+                self.bytes_received += got as u64;
+                Ok(true)
+            }
+            Action::Copy { from, to } => {
+                memory.copy(*from, *to, esize, ctx)?;
+                Ok(true)
+            }
+            Action::Divide { region } => {
+                memory.divide(*region, esize, ctx)?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Host-side reduction used for host-memory regions: the reference kernels.
+fn host_reduce(dst: &mut [u8], src: &[u8], ctx: &OpContext<'_>) -> Result<(), ExecError> {
+    kernels::reduce_bytes(dst, src, ctx.dtype, ctx.op)
+        .map_err(|e| ExecError::Binding(e.to_string()))
+}
+
+fn byte_range(r: Region, esize: usize) -> std::ops::Range<usize> {
+    r.offset * esize..(r.offset + r.len) * esize
+}

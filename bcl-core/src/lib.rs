@@ -1,0 +1,39 @@
+//! BCL's collectives core.
+//!
+//! ```text
+//!  caller ── Communicator::all_reduce(...) ──► op (seq n) ──► schedule::build_plan (pure)
+//!                                                                   │ Plan of steps
+//!                                                                   ▼
+//!            progress thread / caller thread ──► exec::Executor::poll
+//!                                                 │ try_send / try_recv      │ reduce / copy
+//!                                                 ▼                          ▼
+//!                                          dyn Transport (tcp, mem)   dyn Accelerator (cpu, sim)
+//! ```
+//!
+//! A Rust user depends on this crate alone: it re-exports the device and transport types a
+//! caller needs. `bootstrap` and `topology` turn a rendezvous store into connected peers and
+//! a ring order; `schedule` holds the algorithms as pure functions, proven by its symbolic
+//! checker; `exec` drives a plan through the two traits without blocking.
+
+#![forbid(unsafe_code)]
+
+pub mod bootstrap;
+pub mod comm;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod schedule;
+pub mod topology;
+pub mod unique_id;
+mod work;
+
+pub use bcl_backends::{
+    Accelerator, DataType, DeviceBuffer, DeviceInfo, DeviceSpec, Element, ReduceOp, Vendor,
+};
+pub use bcl_transport::mem::{Faults, MemFabric};
+pub use comm::Communicator;
+pub use config::{CommConfig, TransportKind};
+pub use error::{Error, Result};
+pub use schedule::Collective;
+pub use unique_id::UniqueId;
+pub use work::Work;

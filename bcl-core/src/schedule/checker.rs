@@ -1,0 +1,328 @@
+//! The symbolic checker: runs every rank's plan on an abstract network and proves that sends
+//! and receives match, that no rank deadlocks, and that every output holds exactly what the
+//! collective promises.
+//!
+//! Each element is symbolic: the set of (rank, input index) contributions it holds. A
+//! reduction merges two sets and fails if they share a contribution (counted twice); a copy
+//! overwrites; reading a never-written element fails. Steps run in a random order drawn from
+//! a seed (any order the dependencies allow), so a missing dependency shows up as a wrong
+//! result or a race for some seed, and the failure replays from that seed.
+
+use super::plan::{Action, BufferId, Plan, Region};
+use super::{Collective, Layout, build_plan};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+type Contribution = (u16, u32);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Sym {
+    parts: Vec<Contribution>,
+    divided: u8,
+}
+
+type Cell = Option<Sym>;
+
+struct RankState {
+    plan: Plan,
+    buffers: HashMap<BufferId, Vec<Cell>>,
+    done: Vec<bool>,
+    /// Ranks this rank has heard from, transitively (a causality check for barriers).
+    knows: u64,
+}
+
+struct Message {
+    cells: Vec<Cell>,
+    knows: u64,
+}
+
+/// A small deterministic generator so a failing order replays from its seed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// What a check run covers.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub collective: Collective,
+    pub world: usize,
+    pub count: usize,
+    pub in_place: bool,
+    pub slice_elems: usize,
+    /// Ring order (position → rank); `None`: 0..world.
+    pub ring: Option<Vec<usize>>,
+    pub seed: u64,
+}
+
+fn region_cells<'a>(state: &'a mut RankState, r: &Region) -> Result<&'a mut [Cell], String> {
+    let buf = state
+        .buffers
+        .get_mut(&r.buffer)
+        .ok_or_else(|| format!("uses {:?}, which this rank does not have", r.buffer))?;
+    let len = buf.len();
+    buf.get_mut(r.offset..r.offset + r.len)
+        .ok_or_else(|| format!("region {r:?} is outside {:?} of {len} elements", r.buffer))
+}
+
+/// Run all ranks' plans for `case`; `Ok(())` when everything matched and the outputs are
+/// exactly the closed-form result.
+pub fn check(case: &Case) -> Result<(), String> {
+    let n = case.world;
+    let ring = case.ring.clone().unwrap_or_else(|| (0..n).collect());
+    let mut ranks = Vec::new();
+    for rank in 0..n {
+        let layout = Layout::new(rank, ring.clone())?;
+        // Point-to-point: rank 0 sends to the last rank; the others do nothing.
+        let collective = match case.collective {
+            Collective::Send { .. } | Collective::Recv { .. } if rank == 0 => {
+                Collective::Send { peer: n - 1 }
+            }
+            Collective::Send { .. } | Collective::Recv { .. } if rank == n - 1 => {
+                Collective::Recv { peer: 0 }
+            }
+            Collective::Send { .. } | Collective::Recv { .. } => {
+                ranks.push(RankState {
+                    plan: Plan::default(),
+                    buffers: HashMap::new(),
+                    done: Vec::new(),
+                    knows: 1 << rank,
+                });
+                continue;
+            }
+            c => c,
+        };
+        let plan = build_plan(
+            collective,
+            &layout,
+            case.count,
+            case.in_place,
+            case.slice_elems,
+        );
+        let (inp, out) = collective.buffer_elems(case.count, n, rank);
+        let mut buffers = HashMap::new();
+        let initial = |len: usize| -> Vec<Cell> {
+            (0..len)
+                .map(|i| {
+                    Some(Sym {
+                        parts: vec![(rank as u16, i as u32)],
+                        divided: 0,
+                    })
+                })
+                .collect()
+        };
+        if case.in_place {
+            // The one buffer holds the input at the start (sized for the larger of the two).
+            let len = inp.unwrap_or(0).max(out.unwrap_or(0));
+            buffers.insert(BufferId::Output, initial(len));
+        } else {
+            buffers.insert(BufferId::Input, initial(inp.unwrap_or(0)));
+            buffers.insert(BufferId::Output, vec![None; out.unwrap_or(0)]);
+        }
+        buffers.insert(BufferId::Scratch, vec![None; plan.scratch_elems]);
+        let done = vec![false; plan.steps.len()];
+        ranks.push(RankState {
+            plan,
+            buffers,
+            done,
+            knows: 1 << rank,
+        });
+    }
+
+    // Network: (from, to, tag) → queue; tags must be used once per pair.
+    let mut net: HashMap<(usize, usize, u32), VecDeque<Message>> = HashMap::new();
+    let mut used_tags: HashSet<(usize, usize, u32)> = HashSet::new();
+    let mut rng = XorShift(case.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    loop {
+        let mut ready = Vec::new();
+        for (r, st) in ranks.iter().enumerate() {
+            for (i, step) in st.plan.steps.iter().enumerate() {
+                if st.done[i] || !step.deps.iter().all(|d| st.done[*d]) {
+                    continue;
+                }
+                if let Action::Recv { peer, tag, .. } = step.action
+                    && net.get(&(peer, r, tag)).is_none_or(|q| q.is_empty())
+                {
+                    continue;
+                }
+                ready.push((r, i));
+            }
+        }
+        if ready.is_empty() {
+            break;
+        }
+        let (r, i) = ready[rng.below(ready.len())];
+        let action = ranks[r].plan.steps[i].action.clone();
+        let at = |e: String| format!("rank {r} step {i} {action:?}: {e}");
+        match &action {
+            Action::Send { peer, tag, from } => {
+                if *peer >= n || *peer == r {
+                    return Err(at(format!("bad peer {peer}")));
+                }
+                if !used_tags.insert((r, *peer, *tag)) {
+                    return Err(at("tag used twice on this link in one operation".into()));
+                }
+                let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
+                if cells.iter().any(Option::is_none) {
+                    return Err(at("sends an element never written".into()));
+                }
+                let knows = ranks[r].knows;
+                net.entry((r, *peer, *tag))
+                    .or_default()
+                    .push_back(Message { cells, knows });
+            }
+            Action::Recv {
+                peer,
+                tag,
+                into,
+                reduce,
+            } => {
+                let msg = net
+                    .get_mut(&(*peer, r, *tag))
+                    .and_then(VecDeque::pop_front)
+                    .ok_or_else(|| at("no message".into()))?;
+                ranks[r].knows |= msg.knows;
+                let cells = region_cells(&mut ranks[r], into).map_err(at)?;
+                if cells.len() != msg.cells.len() {
+                    return Err(at(format!(
+                        "received {} elements into a region of {}",
+                        msg.cells.len(),
+                        cells.len()
+                    )));
+                }
+                for (c, m) in cells.iter_mut().zip(msg.cells) {
+                    *c = if *reduce {
+                        merge(c.take(), m).map_err(at)?
+                    } else {
+                        m
+                    };
+                }
+            }
+            Action::Copy { from, to } => {
+                if from.len != to.len {
+                    return Err(at("copy between regions of different lengths".into()));
+                }
+                let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
+                region_cells(&mut ranks[r], to)
+                    .map_err(at)?
+                    .clone_from_slice(&cells);
+            }
+            Action::Divide { region } => {
+                for c in region_cells(&mut ranks[r], region).map_err(at)? {
+                    match c {
+                        Some(s) => s.divided += 1,
+                        None => return Err(at("divides an element never written".into())),
+                    }
+                }
+            }
+        }
+        ranks[r].done[i] = true;
+    }
+
+    for (r, st) in ranks.iter().enumerate() {
+        if let Some(i) = st.done.iter().position(|d| !d) {
+            return Err(format!(
+                "deadlock: rank {r} cannot run step {i} {:?}",
+                st.plan.steps[i]
+            ));
+        }
+    }
+    if let Some(((from, to, tag), _)) = net.iter().find(|(_, q)| !q.is_empty()) {
+        return Err(format!(
+            "message {tag} from rank {from} to rank {to} was never received"
+        ));
+    }
+    verify_outputs(case, &ranks)
+}
+
+fn merge(a: Cell, b: Cell) -> Result<Cell, String> {
+    let (Some(mut a), Some(b)) = (a, b) else {
+        return Err("reduces an element never written".into());
+    };
+    for p in b.parts {
+        if a.parts.contains(&p) {
+            return Err(format!("contribution {p:?} counted twice"));
+        }
+        a.parts.push(p);
+    }
+    a.divided += b.divided;
+    Ok(Some(a))
+}
+
+fn verify_outputs(case: &Case, ranks: &[RankState]) -> Result<(), String> {
+    let n = case.world;
+    let count = case.count;
+    let all =
+        |idx: usize| -> Vec<Contribution> { (0..n).map(|q| (q as u16, idx as u32)).collect() };
+    let average = case.collective.reduce_op() == Some(bcl_backends::ReduceOp::Avg);
+    for (r, st) in ranks.iter().enumerate() {
+        // (output index, expected contributions, expected divisions)
+        let expected: Vec<(usize, Vec<Contribution>, u8)> = match case.collective {
+            Collective::AllReduce { .. } => {
+                (0..count).map(|i| (i, all(i), u8::from(average))).collect()
+            }
+            Collective::AllGather => (0..n * count)
+                .map(|j| {
+                    let (b, i) = (j / count.max(1), j % count.max(1));
+                    let src = if case.in_place { j } else { i };
+                    (j, vec![(b as u16, src as u32)], 0)
+                })
+                .collect(),
+            Collective::ReduceScatter { .. } => (0..count)
+                .map(|i| {
+                    let home = if case.in_place { r * count + i } else { i };
+                    (home, all(r * count + i), u8::from(average))
+                })
+                .collect(),
+            Collective::Broadcast { root } => (0..count)
+                .map(|i| (i, vec![(root as u16, i as u32)], 0))
+                .collect(),
+            Collective::Reduce { root, .. } if r == root => {
+                (0..count).map(|i| (i, all(i), u8::from(average))).collect()
+            }
+            Collective::Reduce { .. } => Vec::new(),
+            Collective::AllToAll => (0..n * count)
+                .map(|j| {
+                    let (from, i) = (j / count.max(1), j % count.max(1));
+                    (j, vec![(from as u16, (r * count + i) as u32)], 0)
+                })
+                .collect(),
+            Collective::Send { .. } | Collective::Recv { .. } if r == n - 1 && n > 1 => {
+                (0..count).map(|i| (i, vec![(0, i as u32)], 0)).collect()
+            }
+            Collective::Send { .. } | Collective::Recv { .. } => Vec::new(),
+            Collective::Barrier => {
+                if st.knows != (1u64 << n) - 1 {
+                    return Err(format!(
+                        "rank {r} left the barrier having heard only from {:b}",
+                        st.knows
+                    ));
+                }
+                Vec::new()
+            }
+        };
+        let out = st.buffers.get(&BufferId::Output);
+        for (j, mut want, divided) in expected {
+            let got = out
+                .and_then(|o| o.get(j))
+                .cloned()
+                .flatten()
+                .ok_or_else(|| format!("rank {r} output[{j}] was never written"))?;
+            let mut parts = got.parts.clone();
+            parts.sort_unstable();
+            want.sort_unstable();
+            if parts != want || got.divided != divided {
+                return Err(format!(
+                    "rank {r} output[{j}] holds {parts:?} divided {}×, expected {want:?} divided {divided}×",
+                    got.divided
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! Collective schedules, sans-IO: pure functions from (collective, rank, world, ring order,
+//! count, slicing) to the [`Plan`] of steps one rank takes. No clock, socket, thread or
+//! device in here (a test keeps it that way); the [`checker`] runs every rank's plan on an
+//! abstract network and proves matching, deadlock freedom and final contents.
+
+pub mod barrier;
+pub mod chain;
+pub mod checker;
+pub mod direct;
+pub mod plan;
+pub mod ring;
+
+pub use plan::{Action, BufferId, Plan, PlanBuilder, Region, Step};
+
+use bcl_backends::ReduceOp;
+use plan::BufferId::{Input, Output, Scratch};
+use ring::{Chunks, allgather_steps, part, phase_tags, reduce_scatter_steps};
+use std::fmt;
+
+/// A collective operation and its parameters (counts as NCCL defines them, see
+/// [`Collective::buffer_elems`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce { op: ReduceOp },
+    AllGather,
+    ReduceScatter { op: ReduceOp },
+    Broadcast { root: usize },
+    Reduce { op: ReduceOp, root: usize },
+    AllToAll,
+    Send { peer: usize },
+    Recv { peer: usize },
+    Barrier,
+}
+
+impl Collective {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Collective::AllReduce { .. } => "allreduce",
+            Collective::AllGather => "allgather",
+            Collective::ReduceScatter { .. } => "reducescatter",
+            Collective::Broadcast { .. } => "broadcast",
+            Collective::Reduce { .. } => "reduce",
+            Collective::AllToAll => "alltoall",
+            Collective::Send { .. } => "send",
+            Collective::Recv { .. } => "recv",
+            Collective::Barrier => "barrier",
+        }
+    }
+
+    /// The reduce operation, for collectives that reduce.
+    pub fn reduce_op(&self) -> Option<ReduceOp> {
+        match self {
+            Collective::AllReduce { op }
+            | Collective::ReduceScatter { op }
+            | Collective::Reduce { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+
+    /// The root or peer rank, where the collective has one.
+    pub fn root(&self) -> Option<usize> {
+        match self {
+            Collective::Broadcast { root } | Collective::Reduce { root, .. } => Some(*root),
+            Collective::Send { peer } | Collective::Recv { peer } => Some(*peer),
+            _ => None,
+        }
+    }
+
+    /// Elements of the (input, output) buffers `rank` must pass, for `count` as NCCL counts:
+    /// allgather's count is per rank sent, reduce-scatter's per rank received, all-to-all's
+    /// per peer. `None`: that buffer is not used on this rank.
+    pub fn buffer_elems(
+        &self,
+        count: usize,
+        world: usize,
+        rank: usize,
+    ) -> (Option<usize>, Option<usize>) {
+        let all = count.saturating_mul(world);
+        match self {
+            Collective::AllReduce { .. } | Collective::Broadcast { .. } => {
+                (Some(count), Some(count))
+            }
+            Collective::AllGather => (Some(count), Some(all)),
+            Collective::ReduceScatter { .. } => (Some(all), Some(count)),
+            Collective::Reduce { root, .. } => {
+                (Some(count), if rank == *root { Some(count) } else { None })
+            }
+            Collective::AllToAll => (Some(all), Some(all)),
+            Collective::Send { .. } => (Some(count), None),
+            Collective::Recv { .. } => (None, Some(count)),
+            Collective::Barrier => (None, None),
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        if let Some(op) = self.reduce_op() {
+            write!(f, "({op})")?;
+        }
+        if let Some(root) = self.root() {
+            write!(f, "[root/peer {root}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// The place of one rank among the others: its rank and the ring order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    rank: usize,
+    /// Ring position → rank.
+    ring: Vec<usize>,
+    /// Rank → ring position.
+    position: Vec<usize>,
+}
+
+impl Layout {
+    /// `ring` must be a permutation of `0..ring.len()` containing `rank`.
+    pub fn new(rank: usize, ring: Vec<usize>) -> Result<Self, String> {
+        let n = ring.len();
+        let mut position = vec![usize::MAX; n];
+        for (p, &r) in ring.iter().enumerate() {
+            if r >= n || position[r] != usize::MAX {
+                return Err(format!(
+                    "ring order {ring:?} is not a permutation of 0..{n}"
+                ));
+            }
+            position[r] = p;
+        }
+        if rank >= n {
+            return Err(format!("rank {rank} is outside a world of {n}"));
+        }
+        Ok(Layout {
+            rank,
+            ring,
+            position,
+        })
+    }
+
+    /// The identity ring 0, 1, ..., world-1.
+    pub fn linear(rank: usize, world: usize) -> Self {
+        Layout {
+            rank,
+            ring: (0..world).collect(),
+            position: (0..world).collect(),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn world(&self) -> usize {
+        self.ring.len()
+    }
+    pub fn ring(&self) -> &[usize] {
+        &self.ring
+    }
+    pub fn position(&self) -> usize {
+        self.position[self.rank]
+    }
+    pub fn position_of(&self, rank: usize) -> usize {
+        self.position[rank]
+    }
+    pub fn at(&self, position: usize) -> usize {
+        self.ring[position % self.world()]
+    }
+    pub fn next(&self) -> usize {
+        self.at(self.position() + 1)
+    }
+    pub fn prev(&self) -> usize {
+        self.at(self.position() + self.world() - 1)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reduction {
+    pub average: bool,
+}
+
+fn reduction(op: ReduceOp) -> Reduction {
+    Reduction {
+        average: op == ReduceOp::Avg,
+    }
+}
+
+/// Copy `from` to `to` slice by slice, so later steps on the first slices need not wait for
+/// the whole copy.
+fn copy_sliced(b: &mut PlanBuilder, from: Region, to: BufferId, to_offset: usize, slice: usize) {
+    let slices = from.len.div_ceil(slice.max(1));
+    for s in 0..slices {
+        let (o, l) = part(from.len, slices, s);
+        b.push(Action::Copy {
+            from: Region::new(from.buffer, from.offset + o, l),
+            to: Region::new(to, to_offset + o, l),
+        });
+    }
+}
+
+/// The plan of `layout.rank()` for `collective` over `count` elements. `slice_elems` bounds
+/// the elements of one message. In-place plans use only `Output` (and `Scratch`).
+pub fn build_plan(
+    collective: Collective,
+    layout: &Layout,
+    count: usize,
+    in_place: bool,
+    slice_elems: usize,
+) -> Plan {
+    let slice = slice_elems.max(1);
+    let (n, rank) = (layout.world(), layout.rank());
+    let mut b = PlanBuilder::new();
+    match collective {
+        Collective::AllReduce { op } => {
+            let chunks = Chunks::new((0..n).map(|c| part(count, n, c)).collect(), slice);
+            if !in_place {
+                copy_sliced(&mut b, Region::new(Input, 0, count), Output, 0, slice);
+            }
+            reduce_scatter_steps(&mut b, layout, &chunks, Output, 0, reduction(op));
+            allgather_steps(&mut b, layout, &chunks, Output, phase_tags(layout, &chunks));
+        }
+        Collective::AllGather => {
+            let chunks = Chunks::new(
+                (0..n).map(|c| (layout.at(c) * count, count)).collect(),
+                slice,
+            );
+            if !in_place {
+                copy_sliced(
+                    &mut b,
+                    Region::new(Input, 0, count),
+                    Output,
+                    rank * count,
+                    slice,
+                );
+            }
+            allgather_steps(&mut b, layout, &chunks, Output, 0);
+        }
+        Collective::ReduceScatter { op } => {
+            let chunks = Chunks::new(
+                (0..n).map(|c| (layout.at(c) * count, count)).collect(),
+                slice,
+            );
+            let all = count * n;
+            b.scratch(all);
+            let source = if in_place { Output } else { Input };
+            copy_sliced(&mut b, Region::new(source, 0, all), Scratch, 0, slice);
+            reduce_scatter_steps(&mut b, layout, &chunks, Scratch, 0, reduction(op));
+            let home = if in_place { rank * count } else { 0 };
+            copy_sliced(
+                &mut b,
+                Region::new(Scratch, rank * count, count),
+                Output,
+                home,
+                slice,
+            );
+        }
+        Collective::Broadcast { root } => {
+            chain::broadcast(&mut b, layout, root, count, in_place, slice)
+        }
+        Collective::Reduce { op, root } => {
+            chain::reduce(&mut b, layout, root, count, in_place, slice, reduction(op))
+        }
+        Collective::AllToAll => direct::all_to_all(&mut b, layout, count, in_place, slice),
+        Collective::Send { peer } => direct::send(&mut b, peer, count, slice),
+        Collective::Recv { peer } => direct::recv(&mut b, peer, count, slice),
+        Collective::Barrier => barrier::dissemination(&mut b, layout),
+    }
+    b.finish()
+}

@@ -1,0 +1,132 @@
+//! What a schedule produces: a `Plan`, the steps one rank takes for one collective.
+//!
+//! Steps work on symbolic buffers ([`BufferId`]) in element units, so a plan is independent
+//! of memory kind, element size and transport. Each step lists the steps it must wait for;
+//! everything else may run in any order and overlap (several slices in flight per peer).
+
+/// The buffers a plan refers to. The executor binds them to memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BufferId {
+    /// The caller's send buffer (read only). Never used by in-place plans.
+    Input,
+    /// The caller's receive buffer (for in-place calls: the one buffer).
+    Output,
+    /// Temporary space of [`Plan::scratch_elems`] elements, owned by the executor.
+    Scratch,
+}
+
+/// `len` elements of a buffer starting at element `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub buffer: BufferId,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Region {
+    pub fn new(buffer: BufferId, offset: usize, len: usize) -> Self {
+        Region {
+            buffer,
+            offset,
+            len,
+        }
+    }
+
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.buffer == other.buffer
+            && self.offset < other.offset + other.len
+            && other.offset < self.offset + self.len
+    }
+}
+
+/// One thing a rank does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send `from` to `peer` labelled `tag`.
+    Send { peer: usize, tag: u32, from: Region },
+    /// Receive the message `tag` from `peer` into `into`, reducing with what is there when
+    /// `reduce` is set, else overwriting.
+    Recv {
+        peer: usize,
+        tag: u32,
+        into: Region,
+        reduce: bool,
+    },
+    /// Copy between local regions.
+    Copy { from: Region, to: Region },
+    /// Divide every element of `region` by the number of ranks (the end of `avg`).
+    Divide { region: Region },
+}
+
+/// An action and the indices of the steps that must finish before it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub action: Action,
+    pub deps: Vec<usize>,
+}
+
+/// The steps of one rank for one collective.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub scratch_elems: usize,
+}
+
+/// Builds a plan, adding the data-hazard dependencies itself: a step waits for every earlier
+/// step whose regions overlap its own where either writes. Algorithms then only state the
+/// order of their steps, not the hazards.
+#[derive(Debug, Default)]
+pub struct PlanBuilder {
+    plan: Plan,
+    /// (region, step, writes) of every step so far.
+    touched: Vec<(Region, usize, bool)>,
+}
+
+impl PlanBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn scratch(&mut self, elems: usize) {
+        self.plan.scratch_elems = self.plan.scratch_elems.max(elems);
+    }
+
+    /// Add a step; returns its index.
+    pub fn push(&mut self, action: Action) -> usize {
+        self.push_after(action, &[])
+    }
+
+    /// Add a step that also waits for `after` (for ordering that no data hazard expresses,
+    /// such as the rounds of a barrier).
+    pub fn push_after(&mut self, action: Action, after: &[usize]) -> usize {
+        let index = self.plan.steps.len();
+        let accesses: Vec<(Region, bool)> = match &action {
+            Action::Send { from, .. } => vec![(*from, false)],
+            Action::Recv { into, .. } => vec![(*into, true)],
+            Action::Copy { from, to } => vec![(*from, false), (*to, true)],
+            Action::Divide { region } => vec![(*region, true)],
+        };
+        let mut deps = after.to_vec();
+        for (region, writes) in &accesses {
+            for (r, step, w) in &self.touched {
+                if (*writes || *w) && region.overlaps(r) && !deps.contains(step) {
+                    deps.push(*step);
+                }
+            }
+        }
+        // Only the latest conflicting access is needed when accesses to a region are
+        // chained, but keeping all is simple and plans are small.
+        deps.sort_unstable();
+        for (region, writes) in accesses {
+            if region.len > 0 {
+                self.touched.push((region, index, writes));
+            }
+        }
+        self.plan.steps.push(Step { action, deps });
+        index
+    }
+
+    pub fn finish(self) -> Plan {
+        self.plan
+    }
+}

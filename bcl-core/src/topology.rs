@@ -1,0 +1,102 @@
+//! What each rank knows about the others after bootstrap, the ring order, and the per-peer
+//! transport choice.
+
+use crate::config::TransportKind;
+use crate::error::PeerLabel;
+use bcl_backends::DeviceInfo;
+use bcl_transport::PeerAddress;
+use serde::{Deserialize, Serialize};
+
+/// One rank's self-description, published through the store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub hostname: String,
+    /// Equal for ranks on the same machine and network namespace.
+    pub host_id: String,
+    pub pid: u32,
+    pub device: DeviceInfo,
+    /// The transport's address for this rank.
+    pub address: PeerAddress,
+}
+
+impl RankInfo {
+    /// "rank 2 (host h1, pid 4711, sim:0)": how errors name a rank.
+    pub fn label(&self) -> PeerLabel {
+        PeerLabel(format!(
+            "rank {} (host {}, pid {}, {})",
+            self.rank, self.hostname, self.pid, self.device
+        ))
+    }
+}
+
+/// The ring: ranks of one host adjacent, and within a host ranks of one vendor adjacent, so
+/// that the ring crosses hosts and vendors as few times as possible. Deterministic: every
+/// rank computes the same order from the same infos.
+pub fn ring_order(infos: &[RankInfo]) -> Vec<usize> {
+    let mut order: Vec<&RankInfo> = infos.iter().collect();
+    order.sort_by(|a, b| {
+        (&a.host_id, a.device.vendor.to_string(), a.rank).cmp(&(
+            &b.host_id,
+            b.device.vendor.to_string(),
+            b.rank,
+        ))
+    });
+    order.iter().map(|i| i.rank).collect()
+}
+
+/// The transport actually used towards one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    Mem,
+    Tcp,
+}
+
+/// Which transport carries the link from `local` to `peer`. `Auto` picks TCP today for every
+/// peer; shared memory for same-host peers arrives with the shm transport.
+pub fn choose_link(requested: &TransportKind, _local: &RankInfo, _peer: &RankInfo) -> LinkKind {
+    match requested {
+        TransportKind::Mem(_) => LinkKind::Mem,
+        TransportKind::Tcp | TransportKind::Auto => LinkKind::Tcp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcl_backends::{DeviceCapabilities, Vendor};
+
+    fn info(rank: usize, host: &str, vendor: Vendor) -> RankInfo {
+        RankInfo {
+            rank,
+            hostname: host.into(),
+            host_id: host.into(),
+            pid: 1,
+            device: DeviceInfo {
+                vendor,
+                model: String::new(),
+                index: 0,
+                host_id: host.into(),
+                capabilities: DeviceCapabilities {
+                    host_addressable: true,
+                    copy_gbps: None,
+                    reduce_gbps: None,
+                },
+            },
+            address: PeerAddress::new(vec![]).expect("empty address"),
+        }
+    }
+
+    #[test]
+    fn ring_keeps_hosts_and_vendors_together() {
+        let infos = vec![
+            info(0, "b", Vendor::Cpu),
+            info(1, "a", Vendor::Sim),
+            info(2, "b", Vendor::Sim),
+            info(3, "a", Vendor::Cpu),
+            info(4, "a", Vendor::Sim),
+        ];
+        assert_eq!(ring_order(&infos), vec![3, 1, 4, 0, 2]);
+        assert!(infos[2].label().0.contains("rank 2 (host b"));
+    }
+}

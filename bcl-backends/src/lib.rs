@@ -27,3 +27,5 @@ pub use accelerator::{
 };
 pub use dtype::{DataType, Element, ReduceOp};
 pub use spec::{DeviceSpec, open_device};
+pub use half;
+pub use bytemuck;

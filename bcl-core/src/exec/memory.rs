@@ -58,6 +58,9 @@ impl<'a> Bindings<'a> {
         ctx: &OpContext<'_>,
         staging: &'s mut Vec<u8>,
     ) -> Result<&'s [u8], ExecError> {
+        if r.len == 0 {
+            return Ok(&[]);
+        }
         let range = byte_range(r, esize);
         match self.get(r.buffer)? {
             Memory::HostRead(b) => slice(b, range, r),
@@ -83,6 +86,9 @@ impl<'a> Bindings<'a> {
         data: &[u8],
         ctx: &OpContext<'_>,
     ) -> Result<(), ExecError> {
+        if r.len == 0 {
+            return Ok(());
+        }
         let range = byte_range(r, esize);
         match self.get_mut(r.buffer)? {
             Memory::HostWrite(b) => {

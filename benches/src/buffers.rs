@@ -1,0 +1,107 @@
+//! One rank's buffers for one (collective, count, dtype), in host memory or on the rank's
+//! device, and the call that runs the collective on them.
+
+use crate::pattern;
+use bcl_backends::bytemuck;
+use bcl_core::{Collective, Communicator, DeviceBuffer, Element, Result};
+
+/// Where a rank keeps its data.
+#[derive(Debug)]
+pub enum Placement {
+    /// Host slices through the blocking typed API (cpu ranks).
+    Host,
+    /// Device buffers through the enqueued device API (sim ranks: memory not host-addressable).
+    Device,
+}
+
+/// The buffers of one rank for one call shape.
+#[derive(Debug)]
+pub struct RankBuffers<T: Element> {
+    collective: Collective,
+    count: usize,
+    in_place: bool,
+    input: Vec<T>,
+    output: Vec<T>,
+    device: Option<(Option<DeviceBuffer>, DeviceBuffer)>,
+}
+
+fn host_to_device<T: Element>(comm: &Communicator, host: &[T]) -> Result<DeviceBuffer> {
+    let acc = comm.accelerator();
+    let bytes: &[u8] = bytemuck::cast_slice(host);
+    let buf = acc.allocate(bytes.len()).map_err(|e| device_err(comm, e))?;
+    acc.copy_to_device(buf.full(), bytes, &acc.default_stream())
+        .map_err(|e| device_err(comm, e))?;
+    Ok(buf)
+}
+
+fn device_err(comm: &Communicator, source: bcl_backends::DeviceError) -> bcl_core::Error {
+    bcl_core::Error::Device {
+        rank: comm.rank(),
+        device: comm.accelerator().info().to_string(),
+        source,
+    }
+}
+
+impl<T: Element> RankBuffers<T> {
+    /// Buffers filled with the closed-form input pattern.
+    pub fn new(comm: &Communicator, placement: &Placement, collective: Collective, count: usize, in_place: bool) -> Result<Self> {
+        let (world, rank) = (comm.world_size(), comm.rank());
+        let input = pattern::input_buffer::<T>(collective, count, world, rank, in_place);
+        let (_, out) = collective.buffer_elems(count, world, rank);
+        let (input, output) = if in_place { (Vec::new(), input) } else { (input, vec![T::from_i64(0); out.unwrap_or(0)]) };
+        let device = match placement {
+            Placement::Host => None,
+            Placement::Device => Some((
+                if in_place { None } else { Some(host_to_device(comm, &input)?) },
+                host_to_device(comm, &output)?,
+            )),
+        };
+        Ok(RankBuffers { collective, count, in_place, input, output, device })
+    }
+
+    /// Run the collective once.
+    pub fn run(&mut self, comm: &Communicator) -> Result<()> {
+        let (c, ip) = (self.collective, self.in_place);
+        if let Some((input, output)) = &self.device {
+            if matches!(c, Collective::Send { .. }) {
+                return comm.submit(c, self.count, T::DATA_TYPE, input.as_ref(), None)?.wait();
+            }
+            return comm.submit(c, self.count, T::DATA_TYPE, input.as_ref(), Some(output))?.wait();
+        }
+        let (inp, out) = (&self.input[..], &mut self.output[..]);
+        match c {
+            Collective::AllReduce { op } if ip => comm.all_reduce_in_place(out, op),
+            Collective::AllReduce { op } => comm.all_reduce(inp, out, op),
+            Collective::AllGather if ip => comm.all_gather_in_place(out),
+            Collective::AllGather => comm.all_gather(inp, out),
+            Collective::ReduceScatter { op } if ip => comm.reduce_scatter_in_place(out, op),
+            Collective::ReduceScatter { op } => comm.reduce_scatter(inp, out, op),
+            Collective::Broadcast { root } if ip => comm.broadcast_in_place(out, root),
+            Collective::Broadcast { root } => comm.broadcast(inp, out, root),
+            Collective::Reduce { op, root } if ip => comm.reduce_in_place(out, op, root),
+            Collective::Reduce { op, root } => comm.reduce(inp, out, op, root),
+            Collective::AllToAll if ip => comm.all_to_all_in_place(out),
+            Collective::AllToAll => comm.all_to_all(inp, out),
+            Collective::Send { peer } => comm.send(inp, peer),
+            Collective::Recv { peer } => comm.recv(out, peer),
+            Collective::Barrier => comm.barrier(),
+        }
+    }
+
+    /// The output as host values (copied back from the device where it lives there).
+    pub fn output(&mut self, comm: &Communicator) -> Result<&[T]> {
+        if let Some((_, out)) = &self.device {
+            let acc = comm.accelerator();
+            acc.copy_to_host(bytemuck::cast_slice_mut(&mut self.output), out.full(), &acc.default_stream())
+                .map_err(|e| device_err(comm, e))?;
+        }
+        Ok(&self.output)
+    }
+
+    /// Elements of the output that differ from the closed form.
+    pub fn wrong(&mut self, comm: &Communicator) -> Result<usize> {
+        let (c, n, w, r, ip) = (self.collective, self.count, comm.world_size(), comm.rank(), self.in_place);
+        let out = self.output(comm)?;
+        Ok(pattern::count_wrong(c, n, w, r, ip, out))
+    }
+}

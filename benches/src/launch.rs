@@ -1,0 +1,181 @@
+//! Starting the ranks: as local processes (the default), or as threads of this process.
+
+use crate::args::Args;
+use crate::sweep;
+use crate::table::Measurement;
+use bcl_core::{Communicator, UniqueId};
+use std::io::Write;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// What a run ended with.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Every rank finished; this many elements were wrong in total.
+    Done { wrong: u64 },
+    /// A rank failed; the message says which and why.
+    Failed(String),
+}
+
+/// The banner nccl-tests prints before its table: the parameters and every rank's device.
+fn banner(comm: &Communicator, args: &Args) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "# bcl-bench {}: nranks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} transport: {}",
+        format!("{:?}", args.collective).to_lowercase(),
+        comm.world_size(),
+        args.min_bytes,
+        args.max_bytes,
+        args.step_factor,
+        args.warmup,
+        args.iters,
+        args.check,
+        args.transport,
+    );
+    let _ = writeln!(out, "#\n# Using devices");
+    for p in comm.peers() {
+        let _ = writeln!(out, "#  Rank {:2} Pid {:7} on {:>12} device {} [{}]", p.rank, p.pid, p.hostname, p.device, p.device.model);
+    }
+    let _ = writeln!(out, "#  Ring order: {:?}\n#", comm.ring());
+}
+
+/// Run the sweep on an initialised rank; rank 0 prints and writes the JSON file.
+pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
+    let print = comm.rank() == 0;
+    if print {
+        banner(comm, args);
+    }
+    match sweep::run(comm, args, print) {
+        Ok(rows) => {
+            if print && let Some(path) = &args.json {
+                if let Err(e) = write_json(path, &rows) {
+                    return Outcome::Failed(format!("cannot write {}: {e}", path.display()));
+                }
+            }
+            Outcome::Done { wrong: rows.iter().map(|r| r.wrong).sum() }
+        }
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+fn write_json(path: &std::path::Path, rows: &[Measurement]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for r in rows {
+        text += &serde_json::to_string(r).map_err(std::io::Error::other)?;
+        text.push('\n');
+    }
+    std::fs::write(path, text)
+}
+
+/// Ranks as threads of this process.
+pub fn run_threads(args: &Args) -> Outcome {
+    let configs: Result<Vec<_>, String> = (0..args.nranks).map(|r| args.config(r)).collect();
+    let configs = match configs {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e),
+    };
+    let comms = match Communicator::init_threads_with(args.nranks, |r| configs[r].clone()) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| run_rank(c, args))).collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Outcome::Failed("a rank thread panicked".into())))
+            .collect()
+    });
+    combine(outcomes)
+}
+
+fn combine(outcomes: Vec<Outcome>) -> Outcome {
+    let mut wrong = 0;
+    for (rank, o) in outcomes.into_iter().enumerate() {
+        match o {
+            Outcome::Done { wrong: w } => wrong = wrong.max(w),
+            Outcome::Failed(e) => return Outcome::Failed(format!("rank {rank}: {e}")),
+        }
+    }
+    Outcome::Done { wrong }
+}
+
+/// One process of a multi-process run.
+pub fn run_worker(args: &Args, rank: usize, id: &str) -> Outcome {
+    let id: UniqueId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let config = match args.config(rank) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e),
+    };
+    match Communicator::init(rank, args.nranks, &id, config) {
+        Ok(comm) => run_rank(&comm, args),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// Start `args.nranks` local processes of this binary and wait for them. Rank 0's output is
+/// the table; when one rank fails the others are stopped.
+pub fn run_processes(args: &Args) -> Outcome {
+    let id = match UniqueId::new("127.0.0.1".parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())) {
+        Ok(id) => id,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return Outcome::Failed(format!("cannot find this executable: {e}")),
+    };
+    let passthrough: Vec<String> = std::env::args().skip(1).collect();
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..args.nranks {
+        let spawned = Command::new(&exe)
+            .args(&passthrough)
+            .arg("--worker-rank")
+            .arg(rank.to_string())
+            .arg("--unique-id")
+            .arg(id.to_string())
+            .stdin(Stdio::null())
+            .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stderr(Stdio::inherit())
+            .spawn();
+        match spawned {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                stop(&mut children);
+                return Outcome::Failed(format!("cannot start rank {rank}: {e}"));
+            }
+        }
+    }
+    let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    loop {
+        for (rank, c) in children.iter_mut().enumerate() {
+            if status[rank].is_none() {
+                status[rank] = c.try_wait().ok().flatten();
+            }
+        }
+        if let Some((rank, s)) = status
+            .iter()
+            .enumerate()
+            .find_map(|(r, s)| s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT)).map(|s| (r, s)))
+        {
+            stop(&mut children);
+            return Outcome::Failed(format!("rank {rank} exited with {s}"));
+        }
+        if status.iter().all(Option::is_some) {
+            let wrong = status.iter().any(|s| s.and_then(|s| s.code()) == Some(WRONG_EXIT));
+            return Outcome::Done { wrong: u64::from(wrong) };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Exit code of a rank whose results were wrong.
+pub const WRONG_EXIT: i32 = 3;
+
+fn stop(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

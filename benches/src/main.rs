@@ -1,0 +1,48 @@
+//! `bcl-bench`: measure BCL collectives like nccl-tests measures NCCL.
+//!
+//! `bcl-bench allreduce --nranks 4 --devices cpu,sim -b 8 -e 64M -f 4` starts 4 local rank
+//! processes (rendezvous on loopback), prints nccl-tests' table, and exits non-zero when any
+//! `#wrong` is non-zero or a rank fails.
+
+use bcl_bench::args::Args;
+use bcl_bench::launch::{self, Outcome, WRONG_EXIT};
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BCL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    if let Err(e) = args.dtypes().and(args.ops()).and(args.device_specs()) {
+        eprintln!("bcl-bench: {e}");
+        return ExitCode::from(2);
+    }
+    if args.nranks == 0 || args.root >= args.nranks {
+        eprintln!("bcl-bench: --nranks must be at least 1 and -r below it");
+        return ExitCode::from(2);
+    }
+    let outcome = match (&args.worker_rank, &args.unique_id) {
+        (Some(rank), Some(id)) => launch::run_worker(&args, *rank, id),
+        _ if args.in_threads() => launch::run_threads(&args),
+        _ => launch::run_processes(&args),
+    };
+    match outcome {
+        Outcome::Done { wrong: 0 } => ExitCode::SUCCESS,
+        Outcome::Done { .. } => {
+            if args.worker_rank.is_none() {
+                eprintln!("bcl-bench: some results were wrong");
+            }
+            ExitCode::from(WRONG_EXIT as u8)
+        }
+        Outcome::Failed(e) => {
+            eprintln!("bcl-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

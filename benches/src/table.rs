@@ -1,0 +1,70 @@
+//! nccl-tests' table: the same columns, widths, busbw factors and footer.
+
+use bcl_core::Collective;
+use serde::Serialize;
+
+/// One measurement: a size, a placement (out-of-place or in-place).
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    pub collective: String,
+    pub nranks: usize,
+    pub devices: String,
+    pub transport: String,
+    pub size_bytes: usize,
+    pub count: usize,
+    pub dtype: String,
+    pub redop: String,
+    pub root: i64,
+    pub in_place: bool,
+    pub time_us: f64,
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+    pub wrong: u64,
+}
+
+/// nccl-tests' bus bandwidth factor: what fraction of the data each link must carry.
+pub fn busbw_factor(collective: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match collective {
+        Collective::AllReduce { .. } => 2.0 * (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+pub fn header() -> String {
+    [
+        "#                                                              out-of-place                       in-place          ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+    ]
+    .join("\n")
+}
+
+fn half(m: &Measurement) -> String {
+    let time = if m.time_us >= 10_000.0 { format!("{:8.0}", m.time_us) } else { format!("{:8.2}", m.time_us) };
+    format!(" {time} {:7.2} {:7.2} {:6}", m.algbw_gbs, m.busbw_gbs, m.wrong)
+}
+
+/// One table row from its out-of-place and in-place measurements.
+pub fn row(oop: &Measurement, ip: &Measurement) -> String {
+    format!(
+        "{:12} {:13} {:>9} {:>7} {:7}{}{}",
+        oop.size_bytes,
+        oop.count,
+        oop.dtype,
+        oop.redop,
+        oop.root,
+        half(oop),
+        half(ip)
+    )
+}
+
+pub fn footer(all: &[Measurement]) -> String {
+    let wrong: u64 = all.iter().map(|m| m.wrong).sum();
+    let avg = if all.is_empty() { 0.0 } else { all.iter().map(|m| m.busbw_gbs).sum::<f64>() / all.len() as f64 };
+    format!(
+        "# Out of bounds values : {wrong} {}\n# Avg bus bandwidth    : {avg:.4}\n#",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    )
+}

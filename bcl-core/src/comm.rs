@@ -48,7 +48,10 @@ struct PlanKey {
 struct Engine {
     transport: Box<dyn Transport>,
     layout: Layout,
+    /// Sequence number of the last collective (every rank takes part).
     seq: u32,
+    /// Sequence number of the last send/recv per peer (two ranks take part).
+    p2p_seq: Vec<u32>,
     plans: HashMap<PlanKey, Plan>,
     host_scratch: Vec<u8>,
     device_scratch: Option<DeviceBuffer>,
@@ -252,6 +255,7 @@ impl Communicator {
                 transport,
                 layout,
                 seq: 0,
+                p2p_seq: vec![0; world],
                 plans: HashMap::new(),
                 host_scratch: Vec::new(),
                 device_scratch: None,
@@ -677,7 +681,8 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 
 fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
     while let Ok(job) = jobs.recv() {
-        let result = match shared.poison.lock().clone() {
+        let poisoned = shared.poison.lock().clone();
+        let result = match poisoned {
             Some(first) => Err(Error::Poisoned(first)),
             None => {
                 let bindings = Bindings {
@@ -717,8 +722,16 @@ fn run<'a>(
     on_device: bool,
 ) -> Result<()> {
     let rank = shared.rank;
-    engine.seq = engine.seq.wrapping_add(1);
-    let seq = engine.seq;
+    let (seq, point_to_point) = match collective {
+        Collective::Send { peer } | Collective::Recv { peer } => {
+            engine.p2p_seq[peer] = engine.p2p_seq[peer].wrapping_add(1);
+            (engine.p2p_seq[peer], true)
+        }
+        _ => {
+            engine.seq = engine.seq.wrapping_add(1);
+            (engine.seq, false)
+        }
+    };
     let describe = || {
         format!(
             "{collective} #{seq} ({count} x {dtype}, {})",
@@ -775,7 +788,7 @@ fn run<'a>(
         }
     }
     let ctx = OpContext {
-        seq,
+        tag_base: crate::exec::tag_base(seq, point_to_point),
         dtype,
         op: collective
             .reduce_op()

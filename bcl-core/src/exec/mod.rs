@@ -46,8 +46,8 @@ impl From<DeviceError> for ExecError {
 /// The facts about the running operation every step needs.
 #[derive(Debug)]
 pub struct OpContext<'a> {
-    /// Sequence number of the operation: the upper half of every message tag.
-    pub seq: u32,
+    /// Upper bits of every message tag of this operation (see [`tag_base`]).
+    pub tag_base: u64,
     pub dtype: DataType,
     /// The reduction applied hop by hop (`avg` runs as `sum`, then `Divide` steps).
     pub op: ReduceOp,
@@ -58,8 +58,16 @@ pub struct OpContext<'a> {
 
 impl OpContext<'_> {
     fn tag(&self, tag: u32) -> Tag {
-        (u64::from(self.seq) << 32) | u64::from(tag)
+        self.tag_base | u64::from(tag)
     }
+}
+
+/// The tag bits of an operation: collectives use the communicator's sequence number;
+/// point-to-point operations, which involve two ranks only, a per-peer sequence number in a
+/// separate space (top bit set), so ranks that skip a send/recv stay in step for the rest.
+pub fn tag_base(seq: u32, point_to_point: bool) -> u64 {
+    let space = if point_to_point { 1u64 << 63 } else { 0 };
+    space | (u64::from(seq & 0x7fff_ffff) << 32)
 }
 
 /// Progress of one plan.

@@ -25,7 +25,7 @@ pub use accelerator::{
     Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
     Stream, Vendor,
 };
-pub use dtype::{DataType, Element, ReduceOp};
-pub use spec::{DeviceSpec, open_device};
-pub use half;
 pub use bytemuck;
+pub use dtype::{DataType, Element, ReduceOp};
+pub use half;
+pub use spec::{DeviceSpec, open_device};

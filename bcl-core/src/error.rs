@@ -45,7 +45,7 @@ pub enum Error {
     Bootstrap { rank: usize, reason: String },
 
     /// Moving bytes to or from a peer failed. Names both ends of the link.
-    #[error("rank {rank} ({local}): link to {peer} failed during {op}: {reason}")]
+    #[error("{local}: link to {peer} failed during {op}: {reason}")]
     Link {
         rank: usize,
         local: PeerLabel,
@@ -68,7 +68,7 @@ pub enum Error {
     },
 
     /// An operation did not finish in time. Names the peers this rank was still waiting for.
-    #[error("rank {rank} ({local}): {op} timed out after {waited_s:.1} s waiting for {waiting_on}")]
+    #[error("{local}: {op} timed out after {waited_s:.1} s waiting for {waiting_on}")]
     Timeout {
         rank: usize,
         local: PeerLabel,

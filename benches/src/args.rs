@@ -145,7 +145,8 @@ impl Args {
         if let Some(s) = self.slice_bytes {
             c.slice_bytes = s.max(64);
         }
-        c.with_env(&bcl_core::config::process_env).map_err(|e| e.to_string())
+        c.with_env(&bcl_core::config::process_env)
+            .map_err(|e| e.to_string())
     }
 
     /// Message sizes of the sweep.
@@ -170,8 +171,28 @@ mod tests {
     #[test]
     fn nccl_tests_flags_parse() {
         let a = Args::try_parse_from([
-            "bcl-bench", "allreduce", "-b", "8", "-e", "64M", "-f", "4", "-n", "3", "-w", "1", "-c", "1",
-            "-d", "all", "-o", "avg", "--nranks", "4", "--devices", "cpu,sim:copy=0.3",
+            "bcl-bench",
+            "allreduce",
+            "-b",
+            "8",
+            "-e",
+            "64M",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "-c",
+            "1",
+            "-d",
+            "all",
+            "-o",
+            "avg",
+            "--nranks",
+            "4",
+            "--devices",
+            "cpu,sim:copy=0.3",
         ])
         .expect("parse");
         assert_eq!(a.sizes().first(), Some(&8));

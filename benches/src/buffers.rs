@@ -44,19 +44,40 @@ fn device_err(comm: &Communicator, source: bcl_backends::DeviceError) -> bcl_cor
 
 impl<T: Element> RankBuffers<T> {
     /// Buffers filled with the closed-form input pattern.
-    pub fn new(comm: &Communicator, placement: &Placement, collective: Collective, count: usize, in_place: bool) -> Result<Self> {
+    pub fn new(
+        comm: &Communicator,
+        placement: &Placement,
+        collective: Collective,
+        count: usize,
+        in_place: bool,
+    ) -> Result<Self> {
         let (world, rank) = (comm.world_size(), comm.rank());
         let input = pattern::input_buffer::<T>(collective, count, world, rank, in_place);
         let (_, out) = collective.buffer_elems(count, world, rank);
-        let (input, output) = if in_place { (Vec::new(), input) } else { (input, vec![T::from_i64(0); out.unwrap_or(0)]) };
+        let (input, output) = if in_place {
+            (Vec::new(), input)
+        } else {
+            (input, vec![T::from_i64(0); out.unwrap_or(0)])
+        };
         let device = match placement {
             Placement::Host => None,
             Placement::Device => Some((
-                if in_place { None } else { Some(host_to_device(comm, &input)?) },
+                if in_place {
+                    None
+                } else {
+                    Some(host_to_device(comm, &input)?)
+                },
                 host_to_device(comm, &output)?,
             )),
         };
-        Ok(RankBuffers { collective, count, in_place, input, output, device })
+        Ok(RankBuffers {
+            collective,
+            count,
+            in_place,
+            input,
+            output,
+            device,
+        })
     }
 
     /// Run the collective once.
@@ -64,9 +85,13 @@ impl<T: Element> RankBuffers<T> {
         let (c, ip) = (self.collective, self.in_place);
         if let Some((input, output)) = &self.device {
             if matches!(c, Collective::Send { .. }) {
-                return comm.submit(c, self.count, T::DATA_TYPE, input.as_ref(), None)?.wait();
+                return comm
+                    .submit(c, self.count, T::DATA_TYPE, input.as_ref(), None)?
+                    .wait();
             }
-            return comm.submit(c, self.count, T::DATA_TYPE, input.as_ref(), Some(output))?.wait();
+            return comm
+                .submit(c, self.count, T::DATA_TYPE, input.as_ref(), Some(output))?
+                .wait();
         }
         let (inp, out) = (&self.input[..], &mut self.output[..]);
         match c {
@@ -92,15 +117,25 @@ impl<T: Element> RankBuffers<T> {
     pub fn output(&mut self, comm: &Communicator) -> Result<&[T]> {
         if let Some((_, out)) = &self.device {
             let acc = comm.accelerator();
-            acc.copy_to_host(bytemuck::cast_slice_mut(&mut self.output), out.full(), &acc.default_stream())
-                .map_err(|e| device_err(comm, e))?;
+            acc.copy_to_host(
+                bytemuck::cast_slice_mut(&mut self.output),
+                out.full(),
+                &acc.default_stream(),
+            )
+            .map_err(|e| device_err(comm, e))?;
         }
         Ok(&self.output)
     }
 
     /// Elements of the output that differ from the closed form.
     pub fn wrong(&mut self, comm: &Communicator) -> Result<usize> {
-        let (c, n, w, r, ip) = (self.collective, self.count, comm.world_size(), comm.rank(), self.in_place);
+        let (c, n, w, r, ip) = (
+            self.collective,
+            self.count,
+            comm.world_size(),
+            comm.rank(),
+            self.in_place,
+        );
         let out = self.output(comm)?;
         Ok(pattern::count_wrong(c, n, w, r, ip, out))
     }

@@ -35,7 +35,11 @@ fn banner(comm: &Communicator, args: &Args) {
     );
     let _ = writeln!(out, "#\n# Using devices");
     for p in comm.peers() {
-        let _ = writeln!(out, "#  Rank {:2} Pid {:7} on {:>12} device {} [{}]", p.rank, p.pid, p.hostname, p.device, p.device.model);
+        let _ = writeln!(
+            out,
+            "#  Rank {:2} Pid {:7} on {:>12} device {} [{}]",
+            p.rank, p.pid, p.hostname, p.device, p.device.model
+        );
     }
     let _ = writeln!(out, "#  Ring order: {:?}\n#", comm.ring());
 }
@@ -53,7 +57,9 @@ pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
                     return Outcome::Failed(format!("cannot write {}: {e}", path.display()));
                 }
             }
-            Outcome::Done { wrong: rows.iter().map(|r| r.wrong).sum() }
+            Outcome::Done {
+                wrong: rows.iter().map(|r| r.wrong).sum(),
+            }
         }
         Err(e) => Outcome::Failed(e.to_string()),
     }
@@ -80,9 +86,15 @@ pub fn run_threads(args: &Args) -> Outcome {
         Err(e) => return Outcome::Failed(e.to_string()),
     };
     let outcomes: Vec<Outcome> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| run_rank(c, args))).collect();
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(|| run_rank(c, args)))
+            .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Outcome::Failed("a rank thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Outcome::Failed("a rank thread panicked".into()))
+            })
             .collect()
     });
     combine(outcomes)
@@ -118,7 +130,11 @@ pub fn run_worker(args: &Args, rank: usize, id: &str) -> Outcome {
 /// Start `args.nranks` local processes of this binary and wait for them. Rank 0's output is
 /// the table; when one rank fails the others are stopped.
 pub fn run_processes(args: &Args) -> Outcome {
-    let id = match UniqueId::new("127.0.0.1".parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())) {
+    let id = match UniqueId::new(
+        "127.0.0.1"
+            .parse()
+            .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
+    ) {
         Ok(id) => id,
         Err(e) => return Outcome::Failed(e.to_string()),
     };
@@ -136,7 +152,11 @@ pub fn run_processes(args: &Args) -> Outcome {
             .arg("--unique-id")
             .arg(id.to_string())
             .stdin(Stdio::null())
-            .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stdout(if rank == 0 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::inherit())
             .spawn();
         match spawned {
@@ -154,17 +174,20 @@ pub fn run_processes(args: &Args) -> Outcome {
                 status[rank] = c.try_wait().ok().flatten();
             }
         }
-        if let Some((rank, s)) = status
-            .iter()
-            .enumerate()
-            .find_map(|(r, s)| s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT)).map(|s| (r, s)))
-        {
+        if let Some((rank, s)) = status.iter().enumerate().find_map(|(r, s)| {
+            s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT))
+                .map(|s| (r, s))
+        }) {
             stop(&mut children);
             return Outcome::Failed(format!("rank {rank} exited with {s}"));
         }
         if status.iter().all(Option::is_some) {
-            let wrong = status.iter().any(|s| s.and_then(|s| s.code()) == Some(WRONG_EXIT));
-            return Outcome::Done { wrong: u64::from(wrong) };
+            let wrong = status
+                .iter()
+                .any(|s| s.and_then(|s| s.code()) == Some(WRONG_EXIT));
+            return Outcome::Done {
+                wrong: u64::from(wrong),
+            };
         }
         std::thread::sleep(Duration::from_millis(20));
     }

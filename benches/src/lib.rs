@@ -20,16 +20,46 @@ pub mod table;
 macro_rules! with_element_type {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
-            bcl_core::DataType::Int8 => { type $t = i8; $body }
-            bcl_core::DataType::Uint8 => { type $t = u8; $body }
-            bcl_core::DataType::Int32 => { type $t = i32; $body }
-            bcl_core::DataType::Uint32 => { type $t = u32; $body }
-            bcl_core::DataType::Int64 => { type $t = i64; $body }
-            bcl_core::DataType::Uint64 => { type $t = u64; $body }
-            bcl_core::DataType::Float16 => { type $t = $crate::bcl_bench_half::f16; $body }
-            bcl_core::DataType::Bfloat16 => { type $t = $crate::bcl_bench_half::bf16; $body }
-            bcl_core::DataType::Float32 => { type $t = f32; $body }
-            bcl_core::DataType::Float64 => { type $t = f64; $body }
+            bcl_core::DataType::Int8 => {
+                type $t = i8;
+                $body
+            }
+            bcl_core::DataType::Uint8 => {
+                type $t = u8;
+                $body
+            }
+            bcl_core::DataType::Int32 => {
+                type $t = i32;
+                $body
+            }
+            bcl_core::DataType::Uint32 => {
+                type $t = u32;
+                $body
+            }
+            bcl_core::DataType::Int64 => {
+                type $t = i64;
+                $body
+            }
+            bcl_core::DataType::Uint64 => {
+                type $t = u64;
+                $body
+            }
+            bcl_core::DataType::Float16 => {
+                type $t = $crate::bcl_bench_half::f16;
+                $body
+            }
+            bcl_core::DataType::Bfloat16 => {
+                type $t = $crate::bcl_bench_half::bf16;
+                $body
+            }
+            bcl_core::DataType::Float32 => {
+                type $t = f32;
+                $body
+            }
+            bcl_core::DataType::Float64 => {
+                type $t = f64;
+                $body
+            }
         }
     };
 }

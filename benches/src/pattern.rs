@@ -30,11 +30,21 @@ pub fn reduced<T: Element>(collective: Collective, world: usize, i: usize) -> T 
             _ => acc.add(v),
         };
     }
-    if op == ReduceOp::Avg { acc.divide(world) } else { acc }
+    if op == ReduceOp::Avg {
+        acc.divide(world)
+    } else {
+        acc
+    }
 }
 
 /// The input buffer of `rank` (for in-place calls: the one buffer's initial contents).
-pub fn input_buffer<T: Element>(collective: Collective, count: usize, world: usize, rank: usize, in_place: bool) -> Vec<T> {
+pub fn input_buffer<T: Element>(
+    collective: Collective,
+    count: usize,
+    world: usize,
+    rank: usize,
+    in_place: bool,
+) -> Vec<T> {
     let (inp, out) = collective.buffer_elems(count, world, rank);
     let (inp, out) = (inp.unwrap_or(0), out.unwrap_or(0));
     if !in_place {
@@ -42,7 +52,11 @@ pub fn input_buffer<T: Element>(collective: Collective, count: usize, world: usi
     }
     let mut buf: Vec<T> = vec![T::from_i64(0); inp.max(out)];
     // All-gather in place: the contribution sits at this rank's block.
-    let at = if matches!(collective, Collective::AllGather) { rank * count } else { 0 };
+    let at = if matches!(collective, Collective::AllGather) {
+        rank * count
+    } else {
+        0
+    };
     for i in 0..inp {
         buf[at + i] = input(collective, rank, i);
     }
@@ -51,13 +65,24 @@ pub fn input_buffer<T: Element>(collective: Collective, count: usize, world: usi
 
 /// The expected element `j` of `rank`'s output buffer, `None` where the collective leaves
 /// that element unspecified (e.g. in-place reduce-scatter outside this rank's block).
-pub fn expected<T: Element>(collective: Collective, count: usize, world: usize, rank: usize, in_place: bool, j: usize) -> Option<T> {
+pub fn expected<T: Element>(
+    collective: Collective,
+    count: usize,
+    world: usize,
+    rank: usize,
+    in_place: bool,
+    j: usize,
+) -> Option<T> {
     let c = count.max(1);
     match collective {
         Collective::AllReduce { .. } => Some(reduced(collective, world, j)),
         Collective::AllGather => Some(input(collective, j / c, j % c)),
         Collective::ReduceScatter { .. } => {
-            let local = if in_place { j.checked_sub(rank * count).filter(|k| *k < count)? } else { j };
+            let local = if in_place {
+                j.checked_sub(rank * count).filter(|k| *k < count)?
+            } else {
+                j
+            };
             Some(reduced(collective, world, rank * count + local))
         }
         Collective::Broadcast { root } => Some(input(collective, root, j)),
@@ -69,14 +94,23 @@ pub fn expected<T: Element>(collective: Collective, count: usize, world: usize, 
 }
 
 /// Count the elements of `output` that differ from the closed form.
-pub fn count_wrong<T: Element>(collective: Collective, count: usize, world: usize, rank: usize, in_place: bool, output: &[T]) -> usize {
+pub fn count_wrong<T: Element>(
+    collective: Collective,
+    count: usize,
+    world: usize,
+    rank: usize,
+    in_place: bool,
+    output: &[T],
+) -> usize {
     output
         .iter()
         .enumerate()
-        .filter(|(j, got)| match expected::<T>(collective, count, world, rank, in_place, *j) {
-            Some(want) => differs(**got, want),
-            None => false,
-        })
+        .filter(
+            |(j, got)| match expected::<T>(collective, count, world, rank, in_place, *j) {
+                Some(want) => differs(**got, want),
+                None => false,
+            },
+        )
         .count()
 }
 

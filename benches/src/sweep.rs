@@ -24,12 +24,21 @@ fn collective_of(name: CollectiveName, op: ReduceOp, root: usize) -> Collective 
 /// Per-rank element count for a row of `bytes`, as nccl-tests counts it.
 fn count_for(c: Collective, bytes: usize, esize: usize, n: usize) -> usize {
     match c {
-        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => bytes / esize / n,
+        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
+            bytes / esize / n
+        }
         _ => bytes / esize,
     }
 }
 
-fn measure<T: Element>(comm: &Communicator, args: &Args, placement: &Placement, c: Collective, count: usize, in_place: bool) -> Result<(f64, u64)> {
+fn measure<T: Element>(
+    comm: &Communicator,
+    args: &Args,
+    placement: &Placement,
+    c: Collective,
+    count: usize,
+    in_place: bool,
+) -> Result<(f64, u64)> {
     let mut bufs = RankBuffers::<T>::new(comm, placement, c, count, in_place)?;
     for _ in 0..args.warmup {
         bufs.run(comm)?;
@@ -62,14 +71,25 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
         Vendor::Cpu => Placement::Host,
         _ => Placement::Device,
     };
-    let reduces = matches!(args.collective, CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce);
+    let reduces = matches!(
+        args.collective,
+        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
+    );
     let ops = if reduces { ops } else { vec![ReduceOp::Sum] };
-    let rooted = matches!(args.collective, CollectiveName::Broadcast | CollectiveName::Reduce);
+    let rooted = matches!(
+        args.collective,
+        CollectiveName::Broadcast | CollectiveName::Reduce
+    );
     let mut all = Vec::new();
-    let mut out = std::io::stdout().lock();
-    if print {
-        let _ = writeln!(out, "{}", table::header());
-    }
+    // Lock stdout per line only: with ranks as threads, the others must not wait on it.
+    let say = |line: String| {
+        if print {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    };
+    say(table::header());
     for dtype in &dtypes {
         for op in &ops {
             for &bytes in &args.sizes() {
@@ -79,10 +99,16 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                 for in_place in [false, true] {
                     let (time_us, wrong) = with_element_type!(*dtype, T => measure::<T>(comm, args, &placement, c, count, in_place))?;
                     let size = match c {
-                        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => count * n * dtype.size(),
+                        Collective::AllGather
+                        | Collective::ReduceScatter { .. }
+                        | Collective::AllToAll => count * n * dtype.size(),
                         _ => count * dtype.size(),
                     };
-                    let algbw = if time_us > 0.0 { size as f64 / time_us / 1e3 } else { 0.0 };
+                    let algbw = if time_us > 0.0 {
+                        size as f64 / time_us / 1e3
+                    } else {
+                        0.0
+                    };
                     pair.push(Measurement {
                         collective: format!("{:?}", args.collective).to_lowercase(),
                         nranks: n,
@@ -91,7 +117,11 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                         size_bytes: size,
                         count,
                         dtype: dtype_name(*dtype),
-                        redop: if reduces { op.name().to_string() } else { "none".into() },
+                        redop: if reduces {
+                            op.name().to_string()
+                        } else {
+                            "none".into()
+                        },
                         root: if rooted { args.root as i64 } else { -1 },
                         in_place,
                         time_us,
@@ -100,17 +130,12 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                         wrong,
                     });
                 }
-                if print {
-                    let _ = writeln!(out, "{}", table::row(&pair[0], &pair[1]));
-                    let _ = out.flush();
-                }
+                say(table::row(&pair[0], &pair[1]));
                 all.extend(pair);
             }
         }
     }
-    if print {
-        let _ = writeln!(out, "{}", table::footer(&all));
-    }
+    say(table::footer(&all));
     Ok(all)
 }
 

@@ -27,7 +27,9 @@ pub fn busbw_factor(collective: Collective, n: usize) -> f64 {
     let n = n as f64;
     match collective {
         Collective::AllReduce { .. } => 2.0 * (n - 1.0) / n,
-        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
+            (n - 1.0) / n
+        }
         _ => 1.0,
     }
 }
@@ -42,8 +44,15 @@ pub fn header() -> String {
 }
 
 fn half(m: &Measurement) -> String {
-    let time = if m.time_us >= 10_000.0 { format!("{:8.0}", m.time_us) } else { format!("{:8.2}", m.time_us) };
-    format!(" {time} {:7.2} {:7.2} {:6}", m.algbw_gbs, m.busbw_gbs, m.wrong)
+    let time = if m.time_us >= 10_000.0 {
+        format!("{:8.0}", m.time_us)
+    } else {
+        format!("{:8.2}", m.time_us)
+    };
+    format!(
+        " {time} {:7.2} {:7.2} {:6}",
+        m.algbw_gbs, m.busbw_gbs, m.wrong
+    )
 }
 
 /// One table row from its out-of-place and in-place measurements.
@@ -62,7 +71,11 @@ pub fn row(oop: &Measurement, ip: &Measurement) -> String {
 
 pub fn footer(all: &[Measurement]) -> String {
     let wrong: u64 = all.iter().map(|m| m.wrong).sum();
-    let avg = if all.is_empty() { 0.0 } else { all.iter().map(|m| m.busbw_gbs).sum::<f64>() / all.len() as f64 };
+    let avg = if all.is_empty() {
+        0.0
+    } else {
+        all.iter().map(|m| m.busbw_gbs).sum::<f64>() / all.len() as f64
+    };
     format!(
         "# Out of bounds values : {wrong} {}\n# Avg bus bandwidth    : {avg:.4}\n#",
         if wrong == 0 { "OK" } else { "FAILED" }

@@ -78,28 +78,67 @@ pub fn cases(world: usize) -> Vec<Case> {
                         Collective::ReduceScatter { op },
                         Collective::Reduce { op, root: root() },
                     ] {
-                        out.push(Case { collective: c, dtype, count, in_place });
+                        out.push(Case {
+                            collective: c,
+                            dtype,
+                            count,
+                            in_place,
+                        });
                     }
                 }
-                for c in [Collective::AllGather, Collective::Broadcast { root: root() }, Collective::AllToAll] {
-                    out.push(Case { collective: c, dtype, count, in_place });
+                for c in [
+                    Collective::AllGather,
+                    Collective::Broadcast { root: root() },
+                    Collective::AllToAll,
+                ] {
+                    out.push(Case {
+                        collective: c,
+                        dtype,
+                        count,
+                        in_place,
+                    });
                 }
             }
             if world > 1 {
-                out.push(Case { collective: Collective::Send { peer: world - 1 }, dtype, count, in_place: false });
+                out.push(Case {
+                    collective: Collective::Send { peer: world - 1 },
+                    dtype,
+                    count,
+                    in_place: false,
+                });
             }
         }
     }
-    out.push(Case { collective: Collective::Barrier, dtype: DataType::Uint8, count: 0, in_place: false });
+    out.push(Case {
+        collective: Collective::Barrier,
+        dtype: DataType::Uint8,
+        count: 0,
+        in_place: false,
+    });
     let big = 1 << 20;
     for (collective, dtype) in [
-        (Collective::AllReduce { op: ReduceOp::Sum }, DataType::Float32),
-        (Collective::AllReduce { op: ReduceOp::Avg }, DataType::Bfloat16),
+        (
+            Collective::AllReduce { op: ReduceOp::Sum },
+            DataType::Float32,
+        ),
+        (
+            Collective::AllReduce { op: ReduceOp::Avg },
+            DataType::Bfloat16,
+        ),
         (Collective::AllReduce { op: ReduceOp::Prod }, DataType::Int8),
-        (Collective::ReduceScatter { op: ReduceOp::Max }, DataType::Int32),
+        (
+            Collective::ReduceScatter { op: ReduceOp::Max },
+            DataType::Int32,
+        ),
         (Collective::AllGather, DataType::Float16),
         (Collective::Broadcast { root: world - 1 }, DataType::Uint8),
-        (Collective::Reduce { op: ReduceOp::Min, root: 0 }, DataType::Float64),
+        (
+            Collective::Reduce {
+                op: ReduceOp::Min,
+                root: 0,
+            },
+            DataType::Float64,
+        ),
     ] {
         for in_place in [false, true] {
             // Per-rank counts of the gathering collectives shrink so buffers stay ~4 MiB.
@@ -107,10 +146,20 @@ pub fn cases(world: usize) -> Vec<Case> {
                 Collective::AllGather | Collective::ReduceScatter { .. } => big / world,
                 _ => big,
             };
-            out.push(Case { collective, dtype, count, in_place });
+            out.push(Case {
+                collective,
+                dtype,
+                count,
+                in_place,
+            });
         }
     }
-    out.push(Case { collective: Collective::AllToAll, dtype: DataType::Uint64, count: (1 << 17) / world, in_place: false });
+    out.push(Case {
+        collective: Collective::AllToAll,
+        dtype: DataType::Uint64,
+        count: (1 << 17) / world,
+        in_place: false,
+    });
     out
 }
 
@@ -144,7 +193,10 @@ pub fn run_cases(comms: &[Communicator], cases: &[Case]) -> Vec<String> {
                         let r = with_element_type!(case.dtype, T => exercise::<T>(comm, case));
                         match r {
                             Ok(0) => {}
-                            Ok(wrong) => failures.push(format!("rank {}: {case:?}: {wrong} wrong elements", comm.rank())),
+                            Ok(wrong) => failures.push(format!(
+                                "rank {}: {case:?}: {wrong} wrong elements",
+                                comm.rank()
+                            )),
                             Err(e) => {
                                 failures.push(format!("rank {}: {case:?}: {e}", comm.rank()));
                                 if comm.async_error().is_some() {
@@ -159,7 +211,10 @@ pub fn run_cases(comms: &[Communicator], cases: &[Case]) -> Vec<String> {
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|_| vec!["a rank thread panicked".into()]))
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| vec!["a rank thread panicked".into()])
+            })
             .collect()
     })
 }
@@ -174,6 +229,11 @@ pub fn conformance(setup: Setup, world: usize) {
         "{setup:?} with {world} ranks: {} of {} case-runs failed:\n{}",
         failures.len(),
         cases.len() * world,
-        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+        failures
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

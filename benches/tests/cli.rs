@@ -1,0 +1,190 @@
+//! `bcl-bench` end to end, as a user runs it: local rank processes, threads, every dtype and
+//! op, the JSON rows, and refusal of bad flags.
+
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_bcl-bench");
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BENCH)
+        .args(args)
+        .env("BCL_TIMEOUT_S", "60")
+        .output()
+        .expect("run bcl-bench");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The data rows of the table: (size, count, type, redop, #wrong out-of-place, #wrong in-place).
+fn rows(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn allreduce_on_four_mixed_processes_prints_nccl_tests_table() {
+    let json = std::env::temp_dir().join(format!("bcl-bench-{}.json", std::process::id()));
+    let (code, out, err) = run(&[
+        "allreduce",
+        "--nranks",
+        "4",
+        "--devices",
+        "cpu,sim",
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--json",
+        json.to_str().expect("path"),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+    assert!(out.contains("# Avg bus bandwidth"), "{out}");
+    assert!(out.contains("device sim:"), "{out}");
+    let rows = rows(&out);
+    let sizes: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(sizes, ["8", "64", "512", "4096", "32768", "262144"]);
+    for r in &rows {
+        assert_eq!(r.len(), 13, "{r:?}");
+        assert_eq!(
+            (r[2].as_str(), r[3].as_str(), r[8].as_str(), r[12].as_str()),
+            ("float", "sum", "0", "0")
+        );
+    }
+    let text = std::fs::read_to_string(&json).expect("json written");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json row"))
+        .collect();
+    assert_eq!(lines.len(), 12, "one object per row and placement");
+    let first = &lines[0];
+    for key in [
+        "collective",
+        "nranks",
+        "devices",
+        "transport",
+        "size_bytes",
+        "count",
+        "dtype",
+        "redop",
+        "in_place",
+        "time_us",
+        "algbw_gbs",
+        "busbw_gbs",
+        "wrong",
+    ] {
+        assert!(first.get(key).is_some(), "missing {key} in {first}");
+    }
+    assert_eq!(first["nranks"], 4);
+    assert_eq!(lines[1]["in_place"], true);
+    let _ = std::fs::remove_file(json);
+}
+
+#[test]
+fn every_collective_dtype_and_op_in_threads_is_right() {
+    for collective in [
+        "allreduce",
+        "allgather",
+        "reducescatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+    ] {
+        let (code, out, err) = run(&[
+            collective,
+            "--threads",
+            "--nranks",
+            "3",
+            "-d",
+            "all",
+            "-o",
+            "all",
+            "-b",
+            "48",
+            "-e",
+            "48",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-r",
+            "1",
+        ]);
+        assert_eq!(code, 0, "{collective}: {out}\n{err}");
+        let rows = rows(&out);
+        let expected = if matches!(collective, "allreduce" | "reducescatter" | "reduce") {
+            50
+        } else {
+            10
+        };
+        assert_eq!(rows.len(), expected, "{collective}: {out}");
+        assert!(
+            rows.iter().all(|r| r[8] == "0" && r[12] == "0"),
+            "{collective}: {out}"
+        );
+    }
+}
+
+#[test]
+fn tcp_between_threads_and_bus_bandwidth_factor() {
+    let (code, out, err) = run(&[
+        "allgather",
+        "--threads",
+        "--transport",
+        "tcp",
+        "--nranks",
+        "2",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r = &rows(&out)[0];
+    // allgather busbw = algbw × (n-1)/n = algbw / 2 for 2 ranks.
+    let (alg, bus): (f64, f64) = (r[6].parse().expect("algbw"), r[7].parse().expect("busbw"));
+    assert!((bus - alg / 2.0).abs() <= 0.011, "{r:?}");
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    for args in [
+        vec!["allreduce", "-d", "float128"],
+        vec!["allreduce", "-o", "xor"],
+        vec!["allreduce", "--devices", "tpu"],
+        vec!["allreduce", "--nranks", "2", "-r", "5"],
+        vec![
+            "allreduce",
+            "--transport",
+            "carrier-pigeon",
+            "--nranks",
+            "1",
+        ],
+    ] {
+        let (code, out, err) = run(&args);
+        assert_ne!(code, 0, "{args:?} was accepted: {out}");
+        assert!(!err.is_empty(), "{args:?}: no error message");
+    }
+}

@@ -1,0 +1,228 @@
+//! Bad input and injected faults: each gives a clear error naming what was wrong, nothing is
+//! corrupted, and no call hangs.
+
+use bcl_core::{CommConfig, Communicator, Error, MemFabric, ReduceOp, TransportKind, UniqueId};
+use bcl_tests::{Setup, test_config};
+use bcl_transport::Secret;
+use bcl_transport::store::MemoryStore;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn short(setup: Setup, rank: usize) -> CommConfig {
+    CommConfig {
+        op_timeout: Duration::from_secs(3),
+        ..test_config(setup, rank)
+    }
+}
+
+/// Run `f(rank, comm)` on every rank at once.
+fn each<R: Send>(comms: &[Communicator], f: impl Fn(usize, &Communicator) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let f = &f;
+                s.spawn(move || f(r, c))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+#[test]
+fn wrong_lengths_and_ranks_are_invalid_arguments_and_change_nothing() {
+    let comms = Communicator::init_threads_with(2, |r| short(Setup::TcpCpu, r)).expect("init");
+    let c = &comms[0];
+    let mut out = vec![0f32; 3];
+    let e = c
+        .all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum)
+        .expect_err("length");
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("12 bytes"),
+        "{e}"
+    );
+    assert_eq!(out, vec![0f32; 3], "a refused call wrote the output");
+    let e = c
+        .all_gather(&[1u8; 4], &mut [0u8; 7])
+        .expect_err("gather length");
+    assert!(e.to_string().contains("needs 8 bytes"), "{e}");
+    let e = c.broadcast_in_place(&mut [0u8; 4], 2).expect_err("root");
+    assert!(e.to_string().contains("rank 2 does not exist"), "{e}");
+    let e = c.send(&[1u8], 0).expect_err("self");
+    assert!(e.to_string().contains("cannot address itself"), "{e}");
+    let e = c.all_gather_in_place(&mut [0u8; 3]).expect_err("split");
+    assert!(e.to_string().contains("2 equal blocks"), "{e}");
+    assert!(
+        c.async_error().is_none(),
+        "bad input must not poison the communicator"
+    );
+    // The communicator still works.
+    let results = each(&comms, |r, c| {
+        let mut v = vec![r as i32 + 1; 5];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).map(|_| v)
+    });
+    for r in results {
+        assert_eq!(r.expect("allreduce after bad input"), vec![3; 5]);
+    }
+}
+
+#[test]
+fn mismatched_counts_and_dtypes_between_ranks_fail_naming_the_peer_then_poison() {
+    let comms = Communicator::init_threads_with(2, |r| short(Setup::TcpCpu, r)).expect("init");
+    let results = each(&comms, |r, c| {
+        if r == 0 {
+            c.all_reduce_in_place(&mut [1f32; 64], ReduceOp::Sum)
+        } else {
+            c.all_reduce_in_place(&mut [1f64; 64], ReduceOp::Sum)
+        }
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        let e = res.expect_err("dtype mismatch must fail");
+        let other = 1 - r;
+        assert!(
+            matches!(e, Error::Mismatch { .. } | Error::Timeout { .. }),
+            "rank {r}: {e}"
+        );
+        assert!(
+            e.to_string().contains(&format!("rank {other} (host")),
+            "rank {r}: {e}"
+        );
+    }
+    // Poisoned: later calls fail at once, naming the first fault.
+    let start = Instant::now();
+    let e = comms[0]
+        .all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum)
+        .expect_err("poisoned");
+    assert!(matches!(e, Error::Poisoned(_)), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_dropped_peer_fails_its_neighbours_with_a_link_error_naming_it() {
+    let fabric = MemFabric::new(4);
+    let faults = fabric.faults();
+    let comms = Communicator::init_threads_with(4, |r| CommConfig {
+        transport: TransportKind::Mem(fabric.clone()),
+        ..short(Setup::MemCpu, r)
+    })
+    .expect("init");
+    faults.drop_peer(2);
+    let results = each(&comms, |r, c| {
+        if r == 2 {
+            Ok(())
+        } else {
+            c.all_reduce_in_place(&mut [1u32; 1000], ReduceOp::Sum)
+        }
+    });
+    for r in [1usize, 3] {
+        let e = results[r]
+            .as_ref()
+            .expect_err("neighbour of the dropped rank");
+        assert!(matches!(e, Error::Link { .. }), "rank {r}: {e}");
+        assert!(
+            e.to_string().contains("link to rank 2 (host"),
+            "rank {r}: {e}"
+        );
+        assert!(e.to_string().contains("allreduce(sum) #1"), "rank {r}: {e}");
+    }
+    assert!(
+        results[0].is_err(),
+        "rank 0 cannot finish without rank 2's data"
+    );
+}
+
+#[test]
+fn a_stalled_link_times_out_naming_the_peer_waited_for() {
+    let fabric = MemFabric::new(2);
+    let faults = fabric.faults();
+    let comms = Communicator::init_threads_with(2, |r| CommConfig {
+        transport: TransportKind::Mem(fabric.clone()),
+        op_timeout: Duration::from_secs(1),
+        ..test_config(Setup::MemCpu, r)
+    })
+    .expect("init");
+    faults.stall_link(0, 1);
+    let results = each(&comms, |_, c| {
+        c.all_reduce_in_place(&mut [1i64; 8], ReduceOp::Sum)
+    });
+    let e = results[1]
+        .as_ref()
+        .expect_err("rank 1 never hears from rank 0");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(
+        e.to_string().contains("waiting for data from rank 0 (host"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_named() {
+    let store = Arc::new(MemoryStore::new());
+    let secret = Secret([5; 16]);
+    let start = Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let config = CommConfig {
+                        init_timeout: Duration::from_millis(500),
+                        ..CommConfig::default()
+                    };
+                    Communicator::init_with_store(r, 3, store, secret, config)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    for r in results {
+        let e = r.expect_err("rank 2 never comes");
+        assert!(
+            matches!(&e, Error::BootstrapTimeout { missing, .. } if missing == &[2]),
+            "{e}"
+        );
+    }
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_stranger_on_the_store_port_does_not_stop_init() {
+    use std::io::Write;
+    let id = UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
+    let comms: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| s.spawn(move || Communicator::init(r, 3, &id, short(Setup::TcpCpu, r))))
+            .collect();
+        // Strangers knock while the ranks rendezvous: garbage, and one with the wrong secret.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(2) {
+            if let Ok(mut s) = std::net::TcpStream::connect(id.addr) {
+                let _ = s.write_all(b"\x00\xffGARBAGE GARBAGE\r\n");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let wrong = bcl_transport::store::TcpStore::connect(
+            id.addr,
+            &Secret([0; 16]),
+            Instant::now() + Duration::from_secs(5),
+        );
+        assert!(
+            wrong.is_err(),
+            "a client with the wrong secret was admitted"
+        );
+        hs.into_iter()
+            .map(|h| h.join().expect("join").expect("init despite strangers"))
+            .collect()
+    });
+    let results = each(&comms, |r, c| {
+        let mut v = [r as u8; 3];
+        c.all_reduce_in_place(&mut v, ReduceOp::Max).map(|_| v)
+    });
+    for r in results {
+        assert_eq!(r.expect("allreduce"), [2u8; 3]);
+    }
+}

@@ -101,7 +101,7 @@ impl Arena {
 
     fn range(&self, s: &DeviceSlice<'_>) -> Result<std::ops::Range<usize>, DeviceError> {
         self.owns(s.buffer.device_uid(), "buffer")?;
-        let end = s.offset.checked_add(s.len).unwrap_or(usize::MAX);
+        let end = s.offset.saturating_add(s.len);
         if end > s.buffer.len() {
             return Err(DeviceError::OutOfRange {
                 device: self.name.clone(),

@@ -51,7 +51,7 @@ fn check(dst: usize, src: usize, dtype: DataType) -> Result<(), KernelError> {
     if dst != src {
         return Err(KernelError::LengthMismatch { dst, src });
     }
-    if dst % dtype.size() != 0 {
+    if !dst.is_multiple_of(dtype.size()) {
         return Err(KernelError::PartialElement {
             len: dst,
             dtype,
@@ -174,7 +174,7 @@ mod tests {
             let bytes_b: Vec<u8> = bytemuck::cast_slice(&b).to_vec();
             let mut storage = vec![0u8; bytes_a.len() + shift];
             storage[shift..].copy_from_slice(&bytes_a);
-            reduce_bytes(&mut storage[shift..], &bytes_b, DataType::Int64, ReduceOp::Sum).unwrap();
+            reduce_bytes(&mut storage[shift..], &bytes_b, DataType::Int64, ReduceOp::Sum).expect("equal lengths");
             prop_assert_eq!(&storage[shift..], bytemuck::cast_slice::<i64, u8>(&want));
         }
     }

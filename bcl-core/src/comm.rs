@@ -544,7 +544,7 @@ impl Communicator {
 
     fn per_rank(&self, total: usize) -> Result<usize> {
         let n = self.world_size();
-        if total % n != 0 {
+        if !total.is_multiple_of(n) {
             return Err(Error::InvalidArgument(format!(
                 "a buffer of {total} elements cannot be split into {n} equal blocks"
             )));

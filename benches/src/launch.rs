@@ -52,10 +52,11 @@ pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
     }
     match sweep::run(comm, args, print) {
         Ok(rows) => {
-            if print && let Some(path) = &args.json {
-                if let Err(e) = write_json(path, &rows) {
-                    return Outcome::Failed(format!("cannot write {}: {e}", path.display()));
-                }
+            if print
+                && let Some(path) = &args.json
+                && let Err(e) = write_json(path, &rows)
+            {
+                return Outcome::Failed(format!("cannot write {}: {e}", path.display()));
             }
             Outcome::Done {
                 wrong: rows.iter().map(|r| r.wrong).sum(),

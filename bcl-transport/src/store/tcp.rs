@@ -114,10 +114,10 @@ fn serve(listener: TcpListener, secret: Secret, table: Arc<Table>, stop: Arc<Ato
                 let table = table.clone();
                 let stop = stop.clone();
                 std::thread::spawn(move || {
-                    if let Err(e) = serve_client(stream, &secret, &table, &stop) {
-                        if e.kind() != std::io::ErrorKind::UnexpectedEof {
-                            tracing::warn!(%from, error = %e, "store client dropped");
-                        }
+                    if let Err(e) = serve_client(stream, &secret, &table, &stop)
+                        && e.kind() != std::io::ErrorKind::UnexpectedEof
+                    {
+                        tracing::warn!(%from, error = %e, "store client dropped");
                     }
                 });
             }

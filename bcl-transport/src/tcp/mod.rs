@@ -190,12 +190,11 @@ fn flush(conn: &mut Conn, pool: &mut Vec<Vec<u8>>) -> io::Result<usize> {
         };
         total += n;
         front.written += n;
-        if front.written == HEADER_LEN + front.payload.len() {
-            if let Some(done) = conn.out.pop_front()
-                && pool.len() < POOL_LIMIT
-            {
-                pool.push(done.payload);
-            }
+        if front.written == HEADER_LEN + front.payload.len()
+            && let Some(done) = conn.out.pop_front()
+            && pool.len() < POOL_LIMIT
+        {
+            pool.push(done.payload);
         }
     }
     Ok(total)

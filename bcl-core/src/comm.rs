@@ -837,6 +837,14 @@ fn run<'a>(
                     });
                 }
                 if idle > 4 {
+                    if let Some(peer) = exec.lost_peer(transport.as_ref()) {
+                        let lost = TransportError::PeerClosed {
+                            peer,
+                            addr: String::from_utf8_lossy(shared.peers[peer].address.as_bytes())
+                                .into_owned(),
+                        };
+                        break Err(exec_error(shared, ExecError::Transport(lost), describe()));
+                    }
                     if let Err(e) = transport.wait(Duration::from_millis(2)) {
                         break Err(exec_error(shared, ExecError::Transport(e), describe()));
                     }

@@ -284,6 +284,10 @@ impl Transport for MemTransport {
     fn flushed(&self) -> bool {
         true
     }
+
+    fn peer_lost(&self, peer: usize) -> bool {
+        self.shared.faults.lock().dropped.contains(&peer)
+    }
 }
 
 /// A message that was held by a stall (delivery time in the far future) is deliverable once

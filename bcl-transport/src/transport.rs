@@ -71,6 +71,11 @@ pub struct Received {
 
 /// A non-blocking, poll-driven way to move tagged messages between ranks.
 ///
+/// The shape fits RDMA verbs: transport-owned slots are registered memory, `try_send` is a
+/// post of an RDMA WRITE with immediate data (the tag) into a peer's slot, back-pressure is
+/// running out of credits, `try_recv` is a completion-queue poll, and `wait` blocks on the
+/// completion channel.
+///
 /// Data-path calls never block. Completion is found by polling: `try_send` copies the bytes
 /// into a slot the transport owns (or answers `Ok(false)` when the peer's queue is full),
 /// `progress` moves bytes, `try_recv` hands out a fully arrived message. Messages between
@@ -107,4 +112,8 @@ pub trait Transport: Send + fmt::Debug {
 
     /// Whether every queued send has left this process.
     fn flushed(&self) -> bool;
+
+    /// Whether the link to `peer` is gone (closed, reset, or dropped) with nothing it sent
+    /// left unread: waiting for it is pointless.
+    fn peer_lost(&self, peer: usize) -> bool;
 }

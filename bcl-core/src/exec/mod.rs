@@ -77,6 +77,7 @@ pub struct Executor<'p> {
     waiting_for: Vec<usize>,
     dependents: Vec<Vec<usize>>,
     ready: Vec<usize>,
+    done: Vec<bool>,
     finished: usize,
     staging: Vec<u8>,
     /// When a step last completed (for the health layer and timeouts).
@@ -102,6 +103,7 @@ impl<'p> Executor<'p> {
             waiting_for,
             dependents,
             ready,
+            done: vec![false; n],
             finished: 0,
             staging: Vec::new(),
             last_progress: Instant::now(),
@@ -144,6 +146,24 @@ impl<'p> Executor<'p> {
         peers
     }
 
+    /// A peer that unfinished steps still need but whose link the transport reports lost.
+    pub fn lost_peer(&self, transport: &dyn Transport) -> Option<usize> {
+        let mut checked = Vec::new();
+        for (i, step) in self.plan.steps.iter().enumerate() {
+            let peer = match step.action {
+                Action::Send { peer, .. } | Action::Recv { peer, .. } if !self.done[i] => peer,
+                _ => continue,
+            };
+            if !checked.contains(&peer) {
+                if transport.peer_lost(peer) {
+                    return Some(peer);
+                }
+                checked.push(peer);
+            }
+        }
+        None
+    }
+
     /// Issue every ready step. Returns whether anything moved.
     pub fn poll(
         &mut self,
@@ -157,6 +177,7 @@ impl<'p> Executor<'p> {
             let step = self.ready[i];
             if self.run_step(step, transport, memory, ctx)? {
                 self.ready.swap_remove(i);
+                self.done[step] = true;
                 self.finished += 1;
                 moved = true;
                 for k in 0..self.dependents[step].len() {

@@ -441,6 +441,11 @@ impl Transport for TcpTransport {
         })
     }
 
+    fn peer_lost(&self, peer: usize) -> bool {
+        self.peers.get(&peer).is_some_and(|p| p.closed)
+            && !self.inbox.keys().any(|(from, _)| *from == peer)
+    }
+
     fn flushed(&self) -> bool {
         self.peers
             .values()

@@ -120,8 +120,13 @@ impl FrameDecoder {
                 }
                 let tag = u64::from_le_bytes(tag);
                 let mut payload = take_buffer();
-                payload.clear();
-                payload.resize(len, 0);
+                // A pooled buffer keeps its old length: shrinking it avoids zero-filling bytes
+                // the socket is about to overwrite (only whole frames are handed out).
+                if payload.len() >= len {
+                    payload.truncate(len);
+                } else {
+                    payload.resize(len, 0);
+                }
                 if len == 0 {
                     self.reset();
                     return Ok(Some(Frame { tag, payload }));

@@ -118,3 +118,35 @@ pub fn count_wrong<T: Element>(
 fn differs<T: Element>(a: T, b: T) -> bool {
     bcl_backends::bytemuck::bytes_of(&a) != bcl_backends::bytemuck::bytes_of(&b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcl_backends::half::bf16;
+
+    #[test]
+    fn a_corrupted_element_is_counted() {
+        let c = Collective::AllReduce { op: ReduceOp::Avg };
+        let mut out: Vec<bf16> = (0..100).map(|i| reduced(c, 3, i)).collect();
+        assert_eq!(count_wrong(c, 100, 3, 0, false, &out), 0);
+        out[42] = bf16::from_f32(1000.0);
+        out[7] = bf16::NAN;
+        assert_eq!(count_wrong(c, 100, 3, 0, false, &out), 2);
+    }
+
+    #[test]
+    fn closed_forms_are_exact_small_integers() {
+        // sum over 8 ranks of (r + i) % 5, and prod of 1 + (r + i) % 2 (2^4 = 16).
+        let sum = Collective::AllReduce { op: ReduceOp::Sum };
+        assert_eq!(
+            reduced::<f32>(sum, 8, 0),
+            (0..8).map(|r| (r % 5) as f32).sum::<f32>()
+        );
+        let prod = Collective::AllReduce { op: ReduceOp::Prod };
+        assert_eq!(reduced::<i8>(prod, 8, 0), 16);
+        // In-place reduce-scatter: only this rank's block is specified.
+        let rs = Collective::ReduceScatter { op: ReduceOp::Max };
+        assert!(expected::<u8>(rs, 4, 2, 1, true, 0).is_none());
+        assert!(expected::<u8>(rs, 4, 2, 1, true, 5).is_some());
+    }
+}

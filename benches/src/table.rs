@@ -81,3 +81,53 @@ pub fn footer(all: &[Measurement]) -> String {
         if wrong == 0 { "OK" } else { "FAILED" }
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(wrong: u64, busbw: f64) -> Measurement {
+        Measurement {
+            collective: "allreduce".into(),
+            nranks: 2,
+            devices: "cpu".into(),
+            transport: "tcp".into(),
+            size_bytes: 8,
+            count: 2,
+            dtype: "float".into(),
+            redop: "sum".into(),
+            root: -1,
+            in_place: false,
+            time_us: 10.0,
+            algbw_gbs: busbw,
+            busbw_gbs: busbw,
+            wrong,
+        }
+    }
+
+    #[test]
+    fn footer_reports_wrong_values_and_average() {
+        assert!(
+            footer(&[m(0, 1.0), m(0, 3.0)]).contains(": 0 OK\n# Avg bus bandwidth    : 2.0000")
+        );
+        assert!(footer(&[m(0, 1.0), m(5, 1.0)]).contains(": 5 FAILED"));
+        let r = row(&m(0, 1.0), &m(3, 1.0));
+        assert_eq!(r.split_whitespace().count(), 13, "{r}");
+        assert!(r.trim_end().ends_with('3'));
+    }
+
+    #[test]
+    fn busbw_factors_are_nccl_tests() {
+        assert_eq!(
+            busbw_factor(
+                Collective::AllReduce {
+                    op: bcl_core::ReduceOp::Sum
+                },
+                4
+            ),
+            1.5
+        );
+        assert_eq!(busbw_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(busbw_factor(Collective::Broadcast { root: 0 }, 4), 1.0);
+    }
+}

@@ -118,26 +118,21 @@ impl<'p> Executor<'p> {
 
     /// The peers whose messages this rank is waiting for now (ready receives).
     pub fn waiting_on(&self) -> Vec<usize> {
-        let mut peers: Vec<usize> = self
-            .ready
-            .iter()
-            .filter_map(|&i| match self.plan.steps[i].action {
-                Action::Recv { peer, .. } => Some(peer),
-                _ => None,
-            })
-            .collect();
-        peers.sort_unstable();
-        peers.dedup();
-        peers
+        self.ready_peers(true)
     }
 
-    /// The peers this rank cannot send to because their queues are full.
+    /// The peers this rank cannot send to because their queues are full (ready sends).
     pub fn blocked_sends(&self) -> Vec<usize> {
+        self.ready_peers(false)
+    }
+
+    fn ready_peers(&self, receives: bool) -> Vec<usize> {
         let mut peers: Vec<usize> = self
             .ready
             .iter()
             .filter_map(|&i| match self.plan.steps[i].action {
-                Action::Send { peer, .. } => Some(peer),
+                Action::Recv { peer, .. } if receives => Some(peer),
+                Action::Send { peer, .. } if !receives => Some(peer),
                 _ => None,
             })
             .collect();

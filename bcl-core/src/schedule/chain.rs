@@ -16,6 +16,14 @@ fn slices(count: usize, slice: usize) -> usize {
     count.div_ceil(slice).max(1)
 }
 
+/// (index along a chain whose first rank is `first`, next rank, previous rank).
+fn chain_place(layout: &Layout, first: usize) -> (usize, usize, usize) {
+    let n = layout.world();
+    let p = layout.position();
+    let index = (p + n - layout.position_of(first)) % n;
+    (index, layout.at(p + 1), layout.at(p + n - 1))
+}
+
 pub(crate) fn broadcast(
     b: &mut PlanBuilder,
     layout: &Layout,
@@ -26,10 +34,8 @@ pub(crate) fn broadcast(
 ) {
     let n = layout.world();
     let rank = layout.rank();
-    // My index along the chain that starts at the root.
-    let index = (layout.position() + n - layout.position_of(root)) % n;
-    let next = layout.at(layout.position() + 1);
-    let prev = layout.at(layout.position() + n - 1);
+    // The chain starts at the root.
+    let (index, next, prev) = chain_place(layout, root);
     let s_count = slices(count, slice);
     if rank == root && !in_place {
         copy_sliced(b, Region::new(Input, 0, count), Output, 0, slice);
@@ -73,12 +79,9 @@ pub(crate) fn reduce(
     slice: usize,
     reduction: Reduction,
 ) {
-    let n = layout.world();
     let rank = layout.rank();
-    // Index along the chain that ends at the root (root = n-1).
-    let index = (layout.position() + n - layout.position_of(root) + n - 1) % n;
-    let next = layout.at(layout.position() + 1);
-    let prev = layout.at(layout.position() + n - 1);
+    // The chain starts after the root and ends at it (root = index n-1).
+    let (index, next, prev) = chain_place(layout, layout.at(layout.position_of(root) + 1));
     let source = if in_place { Output } else { Input };
     // Where this rank accumulates: the root's output, or scratch on middle ranks.
     let acc = if rank == root {

@@ -54,21 +54,23 @@ impl Chunks {
     }
 }
 
-/// Reduce-scatter on `buf`: afterwards ring position p holds the full reduction of chunk p.
-/// Tags `tag_base + k * slices + s`.
-pub(crate) fn reduce_scatter_steps(
+/// One pass around the ring: at step k = 0..n-2, position p sends chunk p-k-`lag` to the next
+/// position and receives chunk p-k-`lag`-1 from the previous one, reducing it into `buf` or
+/// overwriting. Tags `tag_base + k * slices + s`.
+fn ring_pass(
     b: &mut PlanBuilder,
     layout: &Layout,
     chunks: &Chunks,
     buf: BufferId,
     tag_base: u32,
-    reduction: Reduction,
+    lag: usize,
+    reduce: bool,
 ) {
     let (n, p) = (layout.world(), layout.position());
     let (next, prev) = (layout.next(), layout.prev());
     for k in 0..n.saturating_sub(1) {
-        let send_chunk = (p + 2 * n - k - 1) % n;
-        let recv_chunk = (p + 2 * n - k - 2) % n;
+        let send_chunk = (p + 2 * n - k - lag) % n;
+        let recv_chunk = (p + 2 * n - k - lag - 1) % n;
         for s in 0..chunks.slices {
             let tag = tag_base + (k * chunks.slices + s) as u32;
             let from = chunks.region(buf, send_chunk, s);
@@ -85,14 +87,26 @@ pub(crate) fn reduce_scatter_steps(
                     peer: prev,
                     tag,
                     into,
-                    reduce: true,
+                    reduce,
                 });
             }
         }
     }
+}
+
+/// Reduce-scatter on `buf`: afterwards ring position p holds the full reduction of chunk p.
+pub(crate) fn reduce_scatter_steps(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    chunks: &Chunks,
+    buf: BufferId,
+    tag_base: u32,
+    reduction: Reduction,
+) {
+    ring_pass(b, layout, chunks, buf, tag_base, 1, true);
     if reduction.average {
         for s in 0..chunks.slices {
-            let region = chunks.region(buf, p, s);
+            let region = chunks.region(buf, layout.position(), s);
             if region.len > 0 {
                 b.push(Action::Divide { region });
             }
@@ -108,32 +122,7 @@ pub(crate) fn allgather_steps(
     buf: BufferId,
     tag_base: u32,
 ) {
-    let (n, p) = (layout.world(), layout.position());
-    let (next, prev) = (layout.next(), layout.prev());
-    for k in 0..n.saturating_sub(1) {
-        let send_chunk = (p + n - k) % n;
-        let recv_chunk = (p + 2 * n - k - 1) % n;
-        for s in 0..chunks.slices {
-            let tag = tag_base + (k * chunks.slices + s) as u32;
-            let from = chunks.region(buf, send_chunk, s);
-            if from.len > 0 {
-                b.push(Action::Send {
-                    peer: next,
-                    tag,
-                    from,
-                });
-            }
-            let into = chunks.region(buf, recv_chunk, s);
-            if into.len > 0 {
-                b.push(Action::Recv {
-                    peer: prev,
-                    tag,
-                    into,
-                    reduce: false,
-                });
-            }
-        }
-    }
+    ring_pass(b, layout, chunks, buf, tag_base, 0, false);
 }
 
 /// Number of tags one ring phase uses.

@@ -176,3 +176,60 @@ fn closed_peer_and_oversized_message_are_errors_naming_the_peer() {
     );
     b.progress().expect("idle progress is fine");
 }
+
+/// A member that passes the handshake and then sends bytes that are not frames (a bug or
+/// memory corruption on its side): the receiver reports a protocol error naming that rank,
+/// without panicking or allocating the announced length.
+#[test]
+fn garbage_and_oversized_frames_from_a_member_are_protocol_errors_naming_it() {
+    use bcl_transport::auth::exchange;
+    use bcl_transport::tcp::codec::encode_header;
+    use std::io::Read;
+
+    for (what, bytes) in [
+        ("garbage", b"this is not a frame header at all".to_vec()),
+        ("oversized", encode_header(7, u32::MAX).to_vec()),
+    ] {
+        let secret = Secret([4; 16]);
+        let mut b = TcpTransport::bind(TcpConfig {
+            sockets_per_peer: 1,
+            ..TcpConfig::new(secret)
+        })
+        .expect("bind");
+        let b_addr: std::net::SocketAddr = std::str::from_utf8(b.address().as_bytes())
+            .expect("utf8")
+            .parse()
+            .expect("addr");
+        let impostor = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(b_addr).expect("connect");
+            exchange::client(&mut s, &secret, b"bcl-tcp-v1").expect("member knows the secret");
+            // Introduce as rank 0, socket 0, to rank 1 (the connect module's wire format).
+            let mut intro = [0u8; 12];
+            intro[4..8].copy_from_slice(&1u32.to_le_bytes());
+            s.write_all(&intro).expect("intro");
+            let mut ok = [0u8; 2];
+            s.read_exact(&mut ok).expect("ok");
+            s.write_all(&bytes).expect("garbage");
+            s
+        });
+        let fake_rank0 = bcl_transport::PeerAddress::new(b"127.0.0.1:9".to_vec()).expect("addr");
+        b.connect(1, &[(0, fake_rank0)], deadline(10))
+            .expect("accepts the member");
+        let _keep_open = impostor.join().expect("impostor");
+        let end = deadline(10);
+        let err = loop {
+            match b.progress() {
+                Err(e) => break e,
+                Ok(_) => {
+                    assert!(Instant::now() < end, "{what}: no error");
+                    b.wait(Duration::from_millis(5)).expect("wait");
+                }
+            }
+        };
+        assert!(
+            matches!(err, TransportError::Protocol { peer: 0, .. }),
+            "{what}: {err}"
+        );
+        assert!(err.to_string().contains("rank 0"), "{what}: {err}");
+    }
+}

@@ -169,6 +169,27 @@ fn parse_addr(peer: usize, addr: &PeerAddress) -> Result<SocketAddr, TransportEr
         })
 }
 
+/// Write `header` and `data` as far as the socket takes them without blocking.
+fn write_direct(stream: &mut TcpStream, header: &[u8], data: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    let total = header.len() + data.len();
+    while done < total {
+        let slices = if done < header.len() {
+            [IoSlice::new(&header[done..]), IoSlice::new(data)]
+        } else {
+            [IoSlice::new(&[]), IoSlice::new(&data[done - header.len()..])]
+        };
+        match stream.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 /// Write as much of `conn.out` as the socket takes. Returns bytes written.
 fn flush(conn: &mut Conn, pool: &mut Vec<Vec<u8>>) -> io::Result<usize> {
     let mut total = 0;
@@ -312,26 +333,36 @@ impl Transport for TcpTransport {
             self.pool.push(buf);
             return Ok(false);
         }
-        buf.clear();
-        buf.extend_from_slice(data);
         let i = p.next;
         p.next = (p.next + 1) % p.conns.len();
         let conn = &mut p.conns[i];
-        conn.out.push_back(OutFrame {
-            header: encode_header(tag, data.len() as u32),
-            payload: buf,
-            written: 0,
-        });
-        // Write at once: small messages leave without waiting for the next progress call.
-        let addr = p.addr.clone();
-        if conn.out.len() == 1 {
-            flush(conn, &mut self.pool).map_err(|source| TransportError::Io {
-                op: "send",
-                peer,
-                addr,
-                source,
+        let header = encode_header(tag, data.len() as u32);
+        // An idle socket takes what it can straight from the caller's bytes; only the part it
+        // did not take is copied into a transport-owned buffer.
+        let mut written = 0;
+        if conn.out.is_empty() {
+            written = write_direct(&mut conn.stream, &header, data).map_err(|source| {
+                TransportError::Io {
+                    op: "send",
+                    peer,
+                    addr: p.addr.clone(),
+                    source,
+                }
             })?;
         }
+        if written == HEADER_LEN + data.len() {
+            self.pool.push(buf);
+            return Ok(true);
+        }
+        let skip = written.saturating_sub(HEADER_LEN);
+        buf.clear();
+        buf.extend_from_slice(&data[skip..]);
+        conn.out.push_back(OutFrame {
+            header,
+            payload: buf,
+            // Offsets in `OutFrame` count the header and the (remaining) payload.
+            written: written.min(HEADER_LEN),
+        });
         p.queued = p.conns.iter().map(queued_bytes).sum();
         Ok(true)
     }

@@ -50,8 +50,11 @@ struct Engine {
     layout: Layout,
     /// Sequence number of the last collective (every rank takes part).
     seq: u32,
-    /// Sequence number of the last send/recv per peer (two ranks take part).
-    p2p_seq: Vec<u32>,
+    /// Sequence numbers of the last message sent to / received from each peer: a transfer
+    /// from A to B is A's n-th send to B and B's n-th receive from A, whatever else either
+    /// rank does in between.
+    sent_to: Vec<u32>,
+    received_from: Vec<u32>,
     plans: HashMap<PlanKey, Plan>,
     host_scratch: Vec<u8>,
     device_scratch: Option<DeviceBuffer>,
@@ -258,7 +261,8 @@ impl Communicator {
                 transport,
                 layout,
                 seq: 0,
-                p2p_seq: vec![0; world],
+                sent_to: vec![0; world],
+                received_from: vec![0; world],
                 plans: HashMap::new(),
                 host_scratch: Vec::new(),
                 device_scratch: None,
@@ -743,9 +747,13 @@ fn run<'a>(
 ) -> Result<()> {
     let rank = shared.rank;
     let (seq, point_to_point) = match collective {
-        Collective::Send { peer } | Collective::Recv { peer } => {
-            engine.p2p_seq[peer] = engine.p2p_seq[peer].wrapping_add(1);
-            (engine.p2p_seq[peer], true)
+        Collective::Send { peer } => {
+            engine.sent_to[peer] = engine.sent_to[peer].wrapping_add(1);
+            (engine.sent_to[peer], true)
+        }
+        Collective::Recv { peer } => {
+            engine.received_from[peer] = engine.received_from[peer].wrapping_add(1);
+            (engine.received_from[peer], true)
         }
         _ => {
             engine.seq = engine.seq.wrapping_add(1);

@@ -226,3 +226,30 @@ fn a_stranger_on_the_store_port_does_not_stop_init() {
         assert_eq!(r.expect("allreduce"), [2u8; 3]);
     }
 }
+
+#[test]
+fn both_ranks_send_then_receive_without_mismatching() {
+    // The exchange pattern: each rank sends to the other first, then receives. Sequence
+    // numbers of point-to-point messages count each direction separately.
+    let comms = Communicator::init_threads_with(2, |r| short(Setup::TcpCpu, r)).expect("init");
+    let results = each(&comms, |r, c| {
+        let peer = 1 - r;
+        let mut got = vec![0u32; 100];
+        for round in 0..3u32 {
+            c.send(&vec![r as u32 * 10 + round; 100], peer)?;
+            c.recv(&mut got, peer)?;
+            assert_eq!(got, vec![peer as u32 * 10 + round; 100]);
+        }
+        // And the other order on one side only.
+        if r == 0 {
+            c.recv(&mut got, peer)?;
+            c.send(&[7u32; 100], peer)?;
+        } else {
+            c.send(&[8u32; 100], peer)?;
+            c.recv(&mut got, peer)?;
+        }
+        Ok::<_, Error>(got[0])
+    });
+    assert_eq!(results[0].as_ref().expect("rank 0"), &8);
+    assert_eq!(results[1].as_ref().expect("rank 1"), &7);
+}

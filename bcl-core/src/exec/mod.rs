@@ -63,7 +63,7 @@ impl OpContext<'_> {
 }
 
 /// The tag bits of an operation: collectives use the communicator's sequence number;
-/// point-to-point operations, which involve two ranks only, a per-peer sequence number in a
+/// point-to-point operations, which involve two ranks only, a per-peer, per-direction sequence number in a
 /// separate space (top bit set), so ranks that skip a send/recv stay in step for the rest.
 pub fn tag_base(seq: u32, point_to_point: bool) -> u64 {
     let space = if point_to_point { 1u64 << 63 } else { 0 };

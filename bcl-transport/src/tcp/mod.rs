@@ -177,7 +177,10 @@ fn write_direct(stream: &mut TcpStream, header: &[u8], data: &[u8]) -> io::Resul
         let slices = if done < header.len() {
             [IoSlice::new(&header[done..]), IoSlice::new(data)]
         } else {
-            [IoSlice::new(&[]), IoSlice::new(&data[done - header.len()..])]
+            [
+                IoSlice::new(&[]),
+                IoSlice::new(&data[done - header.len()..]),
+            ]
         };
         match stream.write_vectored(&slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

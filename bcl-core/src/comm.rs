@@ -618,7 +618,10 @@ impl Communicator {
         Ok((i, o))
     }
 
-    fn run_host(
+    /// The untyped blocking call behind the typed methods (and the C ABI): `count` as NCCL
+    /// counts it for `collective`, `input: None` for in place (the input is in `output`).
+    /// Buffer lengths are checked against what the call needs.
+    pub fn run_host(
         &self,
         collective: Collective,
         count: usize,

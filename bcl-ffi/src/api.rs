@@ -1,0 +1,727 @@
+//! The exported `bcl*` functions. Each checks its arguments, converts them, and calls the core
+//! through the one guard (`guard::call`). Contracts (which pointer may be NULL where, in-place rules)
+//! are the ones written in `include/bcl.h`.
+
+use crate::guard::{call, last_error};
+use crate::registry;
+use crate::types::*;
+use bcl_core::config::{Launch, process_env};
+use bcl_core::{Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId};
+use std::cell::RefCell;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::time::Duration;
+
+/// `bclComm_t`: an opaque handle (see the registry).
+pub type BclComm = *mut c_void;
+/// `bclStream_t`: must be NULL with the cpu and sim backends.
+pub type BclStream = *mut c_void;
+
+fn invalid(text: String) -> Error {
+    Error::InvalidArgument(text)
+}
+
+fn need<T>(ptr: *mut T, what: &str) -> Result<*mut T, Error> {
+    if ptr.is_null() {
+        Err(invalid(format!("{what} is NULL")))
+    } else {
+        Ok(ptr)
+    }
+}
+
+fn no_stream(stream: BclStream) -> Result<(), Error> {
+    if stream.is_null() {
+        Ok(())
+    } else {
+        Err(invalid(
+            "stream must be NULL: the cpu and sim backends complete each call before it returns \
+             (device streams come with the CUDA backend)"
+                .into(),
+        ))
+    }
+}
+
+fn byte_len(count: usize, dtype: DataType) -> Result<usize, Error> {
+    count
+        .checked_mul(dtype.size())
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            invalid(format!(
+                "count {count} of {dtype} is too large (negative count passed as size_t?)"
+            ))
+        })
+}
+
+fn rank_arg(v: c_int, what: &str) -> Result<usize, Error> {
+    usize::try_from(v).map_err(|_| invalid(format!("{what} {v} is negative")))
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for reads of `len` bytes for the duration of the call.
+unsafe fn read_slice<'a>(ptr: *const c_void, len: usize, what: &str) -> Result<&'a [u8], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(invalid(format!(
+            "{what} is NULL but {len} bytes are needed"
+        )));
+    }
+    // SAFETY: non-null, and the caller guarantees `len` readable bytes (bcl.h's contract);
+    // `len <= isize::MAX` was checked by `byte_len`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for reads and writes of `len` bytes, not aliased by any other
+/// slice of this call, for the duration of the call.
+unsafe fn write_slice<'a>(ptr: *mut c_void, len: usize, what: &str) -> Result<&'a mut [u8], Error> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if ptr.is_null() {
+        return Err(invalid(format!(
+            "{what} is NULL but {len} bytes are needed"
+        )));
+    }
+    // SAFETY: non-null, `len` writable bytes by bcl.h's contract, and the callers below only
+    // create it after checking it does not overlap the read slice.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) })
+}
+
+fn overlaps(a: usize, alen: usize, b: usize, blen: usize) -> bool {
+    alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
+}
+
+/// Run `collective` on caller memory, detecting in-place calls by NCCL's rules.
+///
+/// # Safety
+/// `send`/`recv` as `bcl.h` documents for the collective.
+unsafe fn host_call(
+    comm: BclComm,
+    collective: Collective,
+    count: usize,
+    datatype: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    stream: BclStream,
+) -> Result<(), Error> {
+    no_stream(stream)?;
+    let dtype = data_type(datatype)?;
+    let comm = registry::get(comm as usize)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let (inp, out) = collective.buffer_elems(count, world, rank);
+    let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
+    let out_bytes = byte_len(out.unwrap_or(0), dtype)?;
+    let block = byte_len(count, dtype)?.saturating_mul(rank);
+    let (s, r) = (send as usize, recv as usize);
+    // NCCL's in-place rules: the one buffer is the larger of the two.
+    let in_place = match collective {
+        Collective::AllGather => s != 0 && s == r.wrapping_add(block),
+        Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
+        Collective::Broadcast { root } => s == r || rank != root,
+        Collective::Reduce { root, .. } => s == r && rank == root,
+        _ => s != 0 && s == r,
+    };
+    if in_place {
+        let (ptr, len) = match collective {
+            Collective::ReduceScatter { .. } => (send as *mut c_void, in_bytes),
+            Collective::AllGather => (recv, out_bytes),
+            _ => (recv, in_bytes.max(out_bytes)),
+        };
+        // SAFETY: bcl.h: the in-place buffer is valid for `len` bytes.
+        let buf = unsafe { write_slice(ptr, len, "recvbuff")? };
+        return comm.run_host(collective, count, dtype, None, Some(buf));
+    }
+    if overlaps(s, in_bytes, r, out_bytes) {
+        return Err(invalid(
+            "sendbuff and recvbuff overlap without being an in-place call".into(),
+        ));
+    }
+    // SAFETY: bcl.h's contract for each buffer; they do not overlap (checked above).
+    let input = if inp.is_some() {
+        Some(unsafe { read_slice(send, in_bytes, "sendbuff")? })
+    } else {
+        None
+    };
+    let output = if out.is_some() {
+        Some(unsafe { write_slice(recv, out_bytes, "recvbuff")? })
+    } else {
+        None
+    };
+    comm.run_host(collective, count, dtype, input, output)
+}
+
+// ---------------------------------------------------------------- version, ids, errors
+
+/// # Safety
+/// `version` must be NULL or point to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclGetVersion(version: *mut c_int) -> BclResult {
+    call("bclGetVersion", || {
+        let v = need(version, "version")?;
+        // SAFETY: non-null, and bcl.h requires a writable int.
+        unsafe { *v = BCL_VERSION_CODE };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `unique_id` must be NULL or point to a writable `bclUniqueId`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclGetUniqueId(unique_id: *mut BclUniqueId) -> BclResult {
+    call("bclGetUniqueId", || {
+        let out = need(unique_id, "uniqueId")?;
+        let ip = match process_env("BCL_BIND_IP") {
+            Some(v) => v
+                .parse()
+                .map_err(|_| invalid(format!("BCL_BIND_IP='{v}' is not an IP address")))?,
+            None => std::net::Ipv4Addr::LOCALHOST.into(),
+        };
+        let text = UniqueId::new(ip)?.to_string();
+        let mut id = BclUniqueId { internal: [0; 128] };
+        id.internal[..text.len()].copy_from_slice(text.as_bytes());
+        // SAFETY: non-null, and bcl.h requires a writable bclUniqueId.
+        unsafe { *out = id };
+        Ok(())
+    })
+}
+
+fn parse_id(id: &BclUniqueId) -> Result<UniqueId, Error> {
+    let end = id
+        .internal
+        .iter()
+        .position(|b| *b == 0)
+        .unwrap_or(id.internal.len());
+    std::str::from_utf8(&id.internal[..end])
+        .map_err(|_| invalid("unique id is not text made by bclGetUniqueId".into()))?
+        .parse()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclGetErrorString(result: BclResult) -> *const c_char {
+    describe(result).as_ptr()
+}
+
+/// The calling thread's last error message (empty if none). `comm` may be NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn bclGetLastError(_comm: BclComm) -> *const c_char {
+    last_error()
+}
+
+// ---------------------------------------------------------------- communicators
+
+fn init(out: *mut BclComm, f: impl FnOnce() -> Result<Communicator, Error>) -> Result<(), Error> {
+    let out = need(out, "comm")?;
+    let comm = f()?;
+    let id = registry::insert(comm);
+    // SAFETY: non-null, and bcl.h requires a writable bclComm_t.
+    unsafe { *out = id as BclComm };
+    Ok(())
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable `bclComm_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommInitRank(
+    comm: *mut BclComm,
+    nranks: c_int,
+    comm_id: BclUniqueId,
+    rank: c_int,
+) -> BclResult {
+    call("bclCommInitRank", || {
+        init(comm, || {
+            let config = CommConfig::default().with_env(&process_env)?;
+            Communicator::init(
+                rank_arg(rank, "rank")?,
+                rank_arg(nranks, "nranks")?,
+                &parse_id(&comm_id)?,
+                config,
+            )
+        })
+    })
+}
+
+/// # Safety
+/// `comm` as for `bclCommInitRank`; `config` NULL or a `bclConfig_t` made with
+/// `BCL_CONFIG_INITIALIZER`, whose strings are NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommInitRankConfig(
+    comm: *mut BclComm,
+    nranks: c_int,
+    comm_id: BclUniqueId,
+    rank: c_int,
+    config: *const BclConfig,
+) -> BclResult {
+    call("bclCommInitRankConfig", || {
+        let mut c = CommConfig::default().with_env(&process_env)?;
+        if !config.is_null() {
+            // SAFETY: non-null; bcl.h requires a bclConfig_t, whose first field is its size,
+            // checked before any later field is read.
+            let size = unsafe { (*config).size };
+            if size < std::mem::size_of::<BclConfig>() {
+                return Err(invalid(format!(
+                    "config.size {size} is smaller than bclConfig_t: use BCL_CONFIG_INITIALIZER"
+                )));
+            }
+            // SAFETY: as above; the whole struct is readable.
+            let cfg = unsafe { &*config };
+            if cfg.magic != BCL_CONFIG_MAGIC || cfg.version == 0 {
+                return Err(invalid(
+                    "config was not made with BCL_CONFIG_INITIALIZER (bad magic or version)".into(),
+                ));
+            }
+            let text = |p: *const c_char, what: &str| -> Result<Option<String>, Error> {
+                if p.is_null() {
+                    return Ok(None);
+                }
+                // SAFETY: bcl.h: strings in the config are NULL or NUL-terminated.
+                let s = unsafe { CStr::from_ptr(p) };
+                s.to_str()
+                    .map(|s| Some(s.to_string()))
+                    .map_err(|_| invalid(format!("config.{what} is not UTF-8")))
+            };
+            if let Some(d) = text(cfg.device, "device")? {
+                c.device = d
+                    .parse()
+                    .map_err(|e| invalid(format!("config.device: {e}")))?;
+            }
+            if let Some(t) = text(cfg.transport, "transport")? {
+                c.transport = TransportKind::parse(&t)?;
+            }
+            if cfg.sockets_per_peer > 0 {
+                c.sockets_per_peer = cfg.sockets_per_peer as usize;
+            }
+            let seconds = |v: f64, what: &str| -> Result<Option<Duration>, Error> {
+                if v == 0.0 {
+                    Ok(None)
+                } else if v.is_finite() && v > 0.0 {
+                    Ok(Some(Duration::from_secs_f64(v)))
+                } else {
+                    Err(invalid(format!(
+                        "config.{what} {v} is not a positive number of seconds"
+                    )))
+                }
+            };
+            if let Some(d) = seconds(cfg.init_timeout_seconds, "initTimeoutSeconds")? {
+                c.init_timeout = d;
+            }
+            if let Some(d) = seconds(cfg.timeout_seconds, "timeoutSeconds")? {
+                c.op_timeout = d;
+            }
+        }
+        init(comm, || {
+            Communicator::init(
+                rank_arg(rank, "rank")?,
+                rank_arg(nranks, "nranks")?,
+                &parse_id(&comm_id)?,
+                c,
+            )
+        })
+    })
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable `bclComm_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommInitFromEnv(comm: *mut BclComm) -> BclResult {
+    call("bclCommInitFromEnv", || {
+        init(comm, || {
+            let launch = Launch::from_env(&process_env)?;
+            let config = CommConfig::default().with_env(&process_env)?;
+            Communicator::init(launch.rank, launch.world, &launch.unique_id, config)
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclCommFinalize(comm: BclComm) -> BclResult {
+    call("bclCommFinalize", || {
+        registry::get(comm as usize).map(|_| ())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclCommDestroy(comm: BclComm) -> BclResult {
+    call("bclCommDestroy", || {
+        registry::remove(comm as usize).map(drop)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclCommAbort(comm: BclComm) -> BclResult {
+    call("bclCommAbort", || registry::remove(comm as usize).map(drop))
+}
+
+/// # Safety
+/// `async_error` must be NULL or point to a writable `bclResult_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommGetAsyncError(
+    comm: BclComm,
+    async_error: *mut BclResult,
+) -> BclResult {
+    call("bclCommGetAsyncError", || {
+        let out = need(async_error, "asyncError")?;
+        let c = registry::get(comm as usize)?;
+        // SAFETY: non-null, writable by bcl.h's contract.
+        unsafe {
+            *out = if c.async_error().is_some() {
+                BCL_POISONED
+            } else {
+                BCL_SUCCESS
+            }
+        };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `count` must be NULL or point to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommCount(comm: BclComm, count: *mut c_int) -> BclResult {
+    call("bclCommCount", || {
+        let out = need(count, "count")?;
+        let n = registry::get(comm as usize)?.world_size() as c_int;
+        // SAFETY: non-null, writable by bcl.h's contract.
+        unsafe { *out = n };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `rank` must be NULL or point to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommUserRank(comm: BclComm, rank: *mut c_int) -> BclResult {
+    call("bclCommUserRank", || {
+        let out = need(rank, "rank")?;
+        let r = registry::get(comm as usize)?.rank() as c_int;
+        // SAFETY: non-null, writable by bcl.h's contract.
+        unsafe { *out = r };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `buffer` NULL or writable for `size` bytes; `needed` NULL or a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommHealthReport(
+    comm: BclComm,
+    buffer: *mut c_char,
+    size: usize,
+    needed: *mut usize,
+) -> BclResult {
+    call("bclCommHealthReport", || {
+        let c = registry::get(comm as usize)?;
+        let peers: Vec<_> = c
+            .peers()
+            .iter()
+            .map(|p| serde_json::json!({"rank": p.rank, "host": p.hostname, "pid": p.pid, "device": p.device.to_string(), "model": p.device.model}))
+            .collect();
+        let report = serde_json::json!({
+            "rank": c.rank(), "world": c.world_size(), "ring": c.ring(),
+            "async_error": c.async_error(), "peers": peers,
+        })
+        .to_string();
+        let want = report.len() + 1;
+        if !needed.is_null() {
+            // SAFETY: non-null, writable by bcl.h's contract.
+            unsafe { *needed = want };
+        }
+        if buffer.is_null() || size < want {
+            return Err(invalid(format!(
+                "buffer of {size} bytes is too small for the report ({want} bytes)"
+            )));
+        }
+        // SAFETY: `buffer` is writable for `size >= want` bytes.
+        let out = unsafe { write_slice(buffer.cast(), want, "buffer")? };
+        out[..report.len()].copy_from_slice(report.as_bytes());
+        out[report.len()] = 0;
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------- collectives
+
+/// # Safety
+/// See `bclAllReduce` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclAllReduce", || {
+        let c = Collective::AllReduce { op: red_op(op)? };
+        // SAFETY: bcl.h's contract for bclAllReduce.
+        unsafe { host_call(comm, c, count, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclAllGather` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    // SAFETY: bcl.h's contract for bclAllGather.
+    call("bclAllGather", || unsafe {
+        host_call(
+            comm,
+            Collective::AllGather,
+            sendcount,
+            datatype,
+            sendbuff,
+            recvbuff,
+            stream,
+        )
+    })
+}
+
+/// # Safety
+/// See `bclReduceScatter` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    op: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclReduceScatter", || {
+        let c = Collective::ReduceScatter { op: red_op(op)? };
+        // SAFETY: bcl.h's contract for bclReduceScatter.
+        unsafe { host_call(comm, c, recvcount, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclBroadcast` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclBroadcast", || {
+        let c = Collective::Broadcast {
+            root: rank_arg(root, "root")?,
+        };
+        // SAFETY: bcl.h's contract for bclBroadcast.
+        unsafe { host_call(comm, c, count, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclReduce` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclReduce", || {
+        let c = Collective::Reduce {
+            op: red_op(op)?,
+            root: rank_arg(root, "root")?,
+        };
+        // SAFETY: bcl.h's contract for bclReduce.
+        unsafe { host_call(comm, c, count, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclAllToAll` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclAllToAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    // SAFETY: bcl.h's contract for bclAllToAll.
+    call("bclAllToAll", || unsafe {
+        host_call(
+            comm,
+            Collective::AllToAll,
+            count,
+            datatype,
+            sendbuff,
+            recvbuff,
+            stream,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclBarrier(comm: BclComm, stream: BclStream) -> BclResult {
+    call("bclBarrier", || {
+        no_stream(stream)?;
+        registry::get(comm as usize)?.barrier()
+    })
+}
+
+// ---------------------------------------------------------------- point to point, groups
+
+#[derive(Clone, Copy)]
+struct PendingP2p {
+    comm: usize,
+    send: bool,
+    buf: usize,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+}
+
+#[derive(Default)]
+struct Group {
+    depth: usize,
+    pending: Vec<PendingP2p>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
+}
+
+/// # Safety
+/// The buffer of `p` is valid for its count (bcl.h: until bclGroupEnd returns).
+unsafe fn p2p(p: PendingP2p) -> Result<(), Error> {
+    let dtype = data_type(p.datatype)?;
+    let peer = rank_arg(p.peer, "peer")?;
+    let comm = registry::get(p.comm)?;
+    let len = byte_len(p.count, dtype)?;
+    if p.send {
+        // SAFETY: bcl.h's contract for bclSend.
+        let data = unsafe { read_slice(p.buf as *const c_void, len, "sendbuff")? };
+        comm.run_host(Collective::Send { peer }, p.count, dtype, Some(data), None)
+    } else {
+        // SAFETY: bcl.h's contract for bclRecv.
+        let data = unsafe { write_slice(p.buf as *mut c_void, len, "recvbuff")? };
+        comm.run_host(Collective::Recv { peer }, p.count, dtype, None, Some(data))
+    }
+}
+
+/// # Safety
+/// Inside a group, `p`'s buffer must stay valid until bclGroupEnd returns.
+unsafe fn p2p_or_defer(p: PendingP2p, stream: BclStream) -> Result<(), Error> {
+    no_stream(stream)?;
+    data_type(p.datatype)?;
+    rank_arg(p.peer, "peer")?;
+    registry::get(p.comm)?;
+    let deferred = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.pending.push(p);
+            true
+        } else {
+            false
+        }
+    });
+    if deferred {
+        return Ok(());
+    }
+    // SAFETY: forwarded contract.
+    unsafe { p2p(p) }
+}
+
+/// # Safety
+/// See `bclSend` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    let p = PendingP2p {
+        comm: comm as usize,
+        send: true,
+        buf: sendbuff as usize,
+        count,
+        datatype,
+        peer,
+    };
+    // SAFETY: bcl.h's contract for bclSend.
+    call("bclSend", || unsafe { p2p_or_defer(p, stream) })
+}
+
+/// # Safety
+/// See `bclRecv` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    peer: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    let p = PendingP2p {
+        comm: comm as usize,
+        send: false,
+        buf: recvbuff as usize,
+        count,
+        datatype,
+        peer,
+    };
+    // SAFETY: bcl.h's contract for bclRecv.
+    call("bclRecv", || unsafe { p2p_or_defer(p, stream) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclGroupStart() -> BclResult {
+    call("bclGroupStart", || {
+        GROUP.with(|g| g.borrow_mut().depth += 1);
+        Ok(())
+    })
+}
+
+/// Runs the sends and receives recorded since the outermost bclGroupStart: every send first
+/// (sends never wait for the peer's receive), then every receive, so that exchanges in any
+/// order complete.
+#[unsafe(no_mangle)]
+pub extern "C" fn bclGroupEnd() -> BclResult {
+    call("bclGroupEnd", || {
+        let batch = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.depth == 0 {
+                return Err(invalid("bclGroupEnd without bclGroupStart".into()));
+            }
+            g.depth -= 1;
+            Ok(if g.depth == 0 {
+                std::mem::take(&mut g.pending)
+            } else {
+                Vec::new()
+            })
+        })?;
+        let (sends, recvs): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.send);
+        for p in sends.into_iter().chain(recvs) {
+            // SAFETY: recorded by bclSend/bclRecv, whose contract keeps the buffer valid
+            // until this call returns.
+            unsafe { p2p(p)? };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,115 @@
+//! The C types of `bcl.h`, with NCCL's names and numbering under the `bcl` prefix.
+
+use bcl_core::{DataType, Error, ReduceOp};
+use std::ffi::c_int;
+
+/// `bclResult_t`: one code per variant of the core's error, plus success.
+pub type BclResult = c_int;
+pub const BCL_SUCCESS: BclResult = 0;
+pub const BCL_INVALID_ARGUMENT: BclResult = 1;
+pub const BCL_BOOTSTRAP_TIMEOUT: BclResult = 2;
+pub const BCL_BOOTSTRAP_ERROR: BclResult = 3;
+pub const BCL_LINK_ERROR: BclResult = 4;
+pub const BCL_MISMATCH: BclResult = 5;
+pub const BCL_TIMEOUT: BclResult = 6;
+pub const BCL_DEVICE_ERROR: BclResult = 7;
+pub const BCL_POISONED: BclResult = 8;
+pub const BCL_UNAVAILABLE: BclResult = 9;
+pub const BCL_INTERNAL_ERROR: BclResult = 10;
+pub const BCL_NUM_RESULTS: BclResult = 11;
+
+/// The code of a core error (one to one).
+pub fn code_of(e: &Error) -> BclResult {
+    match e {
+        Error::InvalidArgument(_) => BCL_INVALID_ARGUMENT,
+        Error::BootstrapTimeout { .. } => BCL_BOOTSTRAP_TIMEOUT,
+        Error::Bootstrap { .. } => BCL_BOOTSTRAP_ERROR,
+        Error::Link { .. } => BCL_LINK_ERROR,
+        Error::Mismatch { .. } => BCL_MISMATCH,
+        Error::Timeout { .. } => BCL_TIMEOUT,
+        Error::Device { .. } => BCL_DEVICE_ERROR,
+        Error::Poisoned(_) => BCL_POISONED,
+        Error::Unavailable(_) => BCL_UNAVAILABLE,
+        Error::Internal(_) => BCL_INTERNAL_ERROR,
+    }
+}
+
+/// The fixed text of a result code.
+pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
+    match code {
+        BCL_SUCCESS => c"no error",
+        BCL_INVALID_ARGUMENT => c"invalid argument (a caller error; nothing was done)",
+        BCL_BOOTSTRAP_TIMEOUT => c"bootstrap timed out: some ranks never arrived",
+        BCL_BOOTSTRAP_ERROR => c"bootstrap failed (store unreachable or handshake refused)",
+        BCL_LINK_ERROR => c"a link to a peer failed (peer died or network error)",
+        BCL_MISMATCH => c"ranks disagree on an operation (count or dtype differ)",
+        BCL_TIMEOUT => c"an operation timed out waiting for a peer",
+        BCL_DEVICE_ERROR => c"the device refused an operation",
+        BCL_POISONED => c"the communicator is unusable after an earlier error",
+        BCL_UNAVAILABLE => c"a backend or transport is unavailable",
+        BCL_INTERNAL_ERROR => c"internal error (a BCL bug)",
+        _ => c"unknown result code",
+    }
+}
+
+/// `bclDataType_t` values (NCCL's numbering).
+pub fn data_type(v: c_int) -> Result<DataType, Error> {
+    Ok(match v {
+        0 => DataType::Int8,
+        1 => DataType::Uint8,
+        2 => DataType::Int32,
+        3 => DataType::Uint32,
+        4 => DataType::Int64,
+        5 => DataType::Uint64,
+        6 => DataType::Float16,
+        7 => DataType::Float32,
+        8 => DataType::Float64,
+        9 => DataType::Bfloat16,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "datatype {other} is not a bclDataType_t (0..=9)"
+            )));
+        }
+    })
+}
+
+/// `bclRedOp_t` values (NCCL's numbering).
+pub fn red_op(v: c_int) -> Result<ReduceOp, Error> {
+    Ok(match v {
+        0 => ReduceOp::Sum,
+        1 => ReduceOp::Prod,
+        2 => ReduceOp::Max,
+        3 => ReduceOp::Min,
+        4 => ReduceOp::Avg,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "op {other} is not a bclRedOp_t (0..=4)"
+            )));
+        }
+    })
+}
+
+/// `bclUniqueId`: the text form of the core's unique id, NUL-padded to 128 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BclUniqueId {
+    pub internal: [u8; 128],
+}
+
+/// `bclConfig_t`, version 1.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BclConfig {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub device: *const std::ffi::c_char,
+    pub transport: *const std::ffi::c_char,
+    pub sockets_per_peer: c_int,
+    pub init_timeout_seconds: f64,
+    pub timeout_seconds: f64,
+}
+
+pub const BCL_CONFIG_MAGIC: u32 = 0xBC1C_0F16;
+/// `BCL_VERSION_CODE`: major*10000 + minor*100 + patch.
+pub const BCL_VERSION_CODE: c_int = 100;

@@ -1,0 +1,229 @@
+//! The C ABI as C programs see it: the header against the library's exports, C programs built
+//! by gcc against libbcl.so and libbcl.a on 4 processes, the bad-input program, and a bounded
+//! fuzz of the entry points.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where cargo put libbcl.so and libbcl.a for this test build.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    assert!(
+        deps.join("libbcl.so").exists(),
+        "libbcl.so not built in {}",
+        deps.display()
+    );
+    deps
+}
+
+fn out_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("bcl-c-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("out dir");
+    d
+}
+
+fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Compile `source` against the shared (static = false) or static library.
+fn compile(source: &str, name: &str, static_link: bool) -> PathBuf {
+    let (lib, out) = (lib_dir(), out_dir().join(name));
+    let mut cmd = Command::new("gcc");
+    cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(&out)
+        .arg(root().join("bcl-ffi/tests/c").join(source))
+        .arg("-I")
+        .arg(root().join("include"));
+    if static_link {
+        cmd.arg(lib.join("libbcl.a")).args([
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-ldl",
+            "-lc",
+        ]);
+    } else {
+        cmd.arg("-L")
+            .arg(&lib)
+            .arg("-lbcl")
+            .arg(format!("-Wl,-rpath,{}", lib.display()));
+    }
+    run_ok(&mut cmd, &format!("gcc {source}"));
+    out
+}
+
+#[test]
+fn header_declares_exactly_what_the_library_exports_and_compiles_as_c99_and_cpp() {
+    let header = std::fs::read_to_string(root().join("include/bcl.h")).expect("bcl.h");
+    let mut declared: Vec<String> = header
+        .lines()
+        .filter_map(|l| {
+            let rest = l
+                .strip_prefix("bclResult_t ")
+                .or_else(|| l.strip_prefix("const char* "))?;
+            let name = &rest[..rest.find('(')?];
+            (name.starts_with("bcl") && name.chars().all(|c| c.is_ascii_alphanumeric()))
+                .then(|| name.to_string())
+        })
+        .collect();
+    declared.sort();
+    let nm = run_ok(
+        Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(lib_dir().join("libbcl.so")),
+        "nm",
+    );
+    let mut exported: Vec<String> = nm
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|s| s.starts_with("bcl"))
+        .map(str::to_string)
+        .collect();
+    exported.sort();
+    assert!(declared.len() >= 25, "parsed only {declared:?}");
+    assert_eq!(
+        declared, exported,
+        "header declarations vs. libbcl.so exports"
+    );
+    let h = root().join("include/bcl.h");
+    run_ok(
+        Command::new("gcc")
+            .args([
+                "-std=c99",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                "-fsyntax-only",
+                "-x",
+                "c",
+            ])
+            .arg(&h),
+        "gcc -std=c99",
+    );
+    run_ok(
+        Command::new("g++")
+            .args(["-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-x", "c++"])
+            .arg(&h),
+        "g++",
+    );
+}
+
+fn run_ranks(exe: &Path, n: usize) {
+    let id = bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
+    let children: Vec<Child> = (0..n)
+        .map(|r| {
+            Command::new(exe)
+                .env("BCL_RANK", r.to_string())
+                .env("BCL_WORLD_SIZE", n.to_string())
+                .env("BCL_UNIQUE_ID", id.to_string())
+                .env("BCL_TIMEOUT_S", "30")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (r, mut c) in children.into_iter().enumerate() {
+        loop {
+            if c.try_wait().expect("wait").is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("{} rank {r} hung", exe.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = c.wait_with_output().expect("output");
+        assert!(
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).contains(&format!("rank {r} OK")),
+            "{} rank {r}: {}{}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn c_program_on_four_processes_with_the_shared_library() {
+    run_ranks(&compile("collectives.c", "collectives-shared", false), 4);
+}
+
+#[test]
+fn c_program_on_four_processes_with_the_static_library() {
+    run_ranks(&compile("collectives.c", "collectives-static", true), 4);
+}
+
+#[test]
+fn bad_input_from_c_gives_codes_and_messages() {
+    let exe = compile("bad_input.c", "bad-input", false);
+    let out = run_ok(&mut Command::new(&exe), "bad_input");
+    assert!(out.contains("bad input OK"), "{out}");
+}
+
+#[test]
+fn python_ctypes_client_on_four_processes_matches_numpy() {
+    let script = root().join("bcl-ffi/tests/python/allreduce_numpy.py");
+    let probe = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .output();
+    assert!(
+        matches!(&probe, Ok(o) if o.status.success()),
+        "python3 with numpy is required (.ci/run installs it: pip install numpy)"
+    );
+    let id = bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            Command::new("python3")
+                .arg(&script)
+                .env("BCL_LIBRARY", lib_dir().join("libbcl.so"))
+                .env("BCL_RANK", r.to_string())
+                .env("BCL_WORLD_SIZE", "4")
+                .env("BCL_UNIQUE_ID", id.to_string())
+                .env("BCL_TIMEOUT_S", "30")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn python")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for (r, mut c) in children.into_iter().enumerate() {
+        while c.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("python rank {r} hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = c.wait_with_output().expect("output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("OK"),
+            "python rank {r}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

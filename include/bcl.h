@@ -1,0 +1,223 @@
+/*
+ * bcl.h: the C interface of BCL, a collective communication library for clusters whose
+ * accelerators come from several vendors. Shaped like nccl.h: a NCCL user should find every
+ * call where they expect it, under the `bcl` prefix.
+ *
+ * Conventions
+ *  - C99. Every function returns a bclResult_t; output parameters come first.
+ *  - Handles are opaque. A bclComm_t is a number BCL looks up, never a pointer it follows:
+ *    a destroyed or invented handle gives bclInvalidArgument, not a crash.
+ *  - On failure, bclGetLastError() returns a message naming the cause (rank, host, device,
+ *    link and operation where they apply), valid until the next failing call on the thread.
+ *  - Streams: with the cpu and sim backends, `stream` must be NULL and every call completes
+ *    before it returns. With the CUDA backend (to come), a device stream will order the call
+ *    after the work already on that stream and make the stream wait for it, without blocking
+ *    the calling thread, as in NCCL.
+ *  - Thread safety: different communicators may be used from different threads at once;
+ *    calls on one communicator from several threads run one after another, in lock order.
+ *  - Errors of kind bclLinkError, bclMismatch, bclTimeout, bclDeviceError and
+ *    bclInternalError poison the communicator: later calls on it return bclPoisoned. Destroy
+ *    it (or abort it) and create a new one.
+ */
+#ifndef BCL_H_
+#define BCL_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BCL_MAJOR 0
+#define BCL_MINOR 1
+#define BCL_PATCH 0
+#define BCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define BCL_VERSION_CODE BCL_VERSION(BCL_MAJOR, BCL_MINOR, BCL_PATCH)
+
+/* Opaque communicator handle. */
+typedef struct bclComm* bclComm_t;
+/* Stream handle: NULL with the cpu and sim backends. */
+typedef void* bclStream_t;
+
+#define BCL_UNIQUE_ID_BYTES 128
+/* Rendezvous id made by bclGetUniqueId on one rank and given to all: NUL-padded text
+ * "bcl://IP:PORT/SECRET" (printable, so launchers may pass it in an environment variable). */
+typedef struct {
+  char internal[BCL_UNIQUE_ID_BYTES];
+} bclUniqueId;
+
+/* One code per kind of failure (one to one with the library's error variants). */
+typedef enum {
+  bclSuccess = 0,
+  bclInvalidArgument = 1,   /* the caller passed something wrong; nothing was done */
+  bclBootstrapTimeout = 2,  /* some ranks never arrived; the message lists them */
+  bclBootstrapError = 3,    /* rendezvous store unreachable or handshake refused */
+  bclLinkError = 4,         /* a link to a peer failed (peer died, network error) */
+  bclMismatch = 5,          /* ranks disagree on an operation (count or datatype) */
+  bclTimeout = 6,           /* an operation timed out; the message names who was awaited */
+  bclDeviceError = 7,       /* the device refused an operation */
+  bclPoisoned = 8,          /* the communicator is unusable after an earlier error */
+  bclUnavailable = 9,       /* a backend or transport is not available */
+  bclInternalError = 10,    /* a BCL bug (a caught panic included) */
+  bclNumResults = 11
+} bclResult_t;
+
+/* Element types: NCCL's names and numbers. */
+typedef enum {
+  bclInt8 = 0, bclChar = 0,
+  bclUint8 = 1,
+  bclInt32 = 2, bclInt = 2,
+  bclUint32 = 3,
+  bclInt64 = 4,
+  bclUint64 = 5,
+  bclFloat16 = 6, bclHalf = 6,
+  bclFloat32 = 7, bclFloat = 7,
+  bclFloat64 = 8, bclDouble = 8,
+  bclBfloat16 = 9,
+  bclNumTypes = 10
+} bclDataType_t;
+
+/* Reductions: NCCL's names and numbers. fp16/bf16 compute each step in fp32 and round back;
+ * integer sums and products wrap; avg is a sum divided once by the number of ranks. */
+typedef enum {
+  bclSum = 0,
+  bclProd = 1,
+  bclMax = 2,
+  bclMin = 3,
+  bclAvg = 4,
+  bclNumOps = 5
+} bclRedOp_t;
+
+#define BCL_CONFIG_MAGIC 0xBC1C0F16u
+/* Communicator settings. Always start from BCL_CONFIG_INITIALIZER; zero/NULL fields keep the
+ * default (and BCL_* environment variables still apply first). */
+typedef struct {
+  size_t size;                /* sizeof(bclConfig_t) */
+  unsigned int magic;         /* BCL_CONFIG_MAGIC */
+  unsigned int version;       /* BCL_VERSION_CODE */
+  const char* device;         /* "cpu" (default), "sim", "sim:copy=GBPS:reduce=GBPS" */
+  const char* transport;      /* "auto" (default) or "tcp" */
+  int socketsPerPeer;         /* TCP connections per peer; 0: default (2) */
+  double initTimeoutSeconds;  /* how long init waits for every rank; 0: default (60) */
+  double timeoutSeconds;      /* how long one collective may take; 0: default (300) */
+} bclConfig_t;
+#define BCL_CONFIG_INITIALIZER \
+  { sizeof(bclConfig_t), BCL_CONFIG_MAGIC, BCL_VERSION_CODE, NULL, NULL, 0, 0.0, 0.0 }
+
+/* bclGetVersion: *version = BCL_VERSION_CODE of the library (compare with the header's).
+ * version: must not be NULL (bclInvalidArgument). */
+bclResult_t bclGetVersion(int* version);
+
+/* bclGetUniqueId: a fresh id on the calling rank (normally rank 0), listening address from
+ * BCL_BIND_IP (default 127.0.0.1) on a free port. Give the same id to every rank.
+ * uniqueId: must not be NULL. */
+bclResult_t bclGetUniqueId(bclUniqueId* uniqueId);
+
+/* bclCommInitRank: join the communicator `commId` as `rank` of `nranks`; blocks until every
+ * rank has joined or the init timeout (BCL_INIT_TIMEOUT_S, default 60 s) passes, then fails
+ * with bclBootstrapTimeout naming the missing ranks. Rank 0 serves the rendezvous.
+ * comm: must not be NULL; receives the handle. Thread safety: one call per rank. */
+bclResult_t bclCommInitRank(bclComm_t* comm, int nranks, bclUniqueId commId, int rank);
+
+/* bclCommInitRankConfig: as bclCommInitRank, with settings. config may be NULL (defaults);
+ * otherwise it must come from BCL_CONFIG_INITIALIZER (size, magic and version are checked). */
+bclResult_t bclCommInitRankConfig(bclComm_t* comm, int nranks, bclUniqueId commId, int rank,
+                                  const bclConfig_t* config);
+
+/* bclCommInitFromEnv: rank and size from the launcher (BCL_RANK or RANK, OMPI_COMM_WORLD_RANK,
+ * PMI_RANK, SLURM_PROCID; BCL_WORLD_SIZE or WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+ * SLURM_NTASKS) and the id from BCL_UNIQUE_ID (the text of a bclUniqueId).
+ * comm: must not be NULL. */
+bclResult_t bclCommInitFromEnv(bclComm_t* comm);
+
+/* bclCommFinalize: completes outstanding operations (with NULL streams there are none left
+ * when a call returns). The handle stays valid until bclCommDestroy. */
+bclResult_t bclCommFinalize(bclComm_t comm);
+
+/* bclCommDestroy: frees the communicator; its handle becomes invalid (using it again gives
+ * bclInvalidArgument). Queued sends are flushed for up to 2 s. */
+bclResult_t bclCommDestroy(bclComm_t comm);
+
+/* bclCommAbort: frees the communicator without waiting for peers; use after an error. */
+bclResult_t bclCommAbort(bclComm_t comm);
+
+/* bclCommGetAsyncError: *asyncError = bclPoisoned if an earlier failure broke the
+ * communicator, else bclSuccess. asyncError: must not be NULL. */
+bclResult_t bclCommGetAsyncError(bclComm_t comm, bclResult_t* asyncError);
+
+/* bclCommCount / bclCommUserRank: number of ranks / this rank. Output must not be NULL. */
+bclResult_t bclCommCount(const bclComm_t comm, int* count);
+bclResult_t bclCommUserRank(const bclComm_t comm, int* rank);
+
+/* bclCommHealthReport: a JSON object describing the communicator (rank, world, ring order,
+ * every peer's host, pid and device, the first fault if any) written NUL-terminated into
+ * buffer. *needed (if not NULL) receives the size required; a NULL or too small buffer gives
+ * bclInvalidArgument and writes nothing. Health fields grow as hang and slow-node detection
+ * land. */
+bclResult_t bclCommHealthReport(bclComm_t comm, char* buffer, size_t size, size_t* needed);
+
+/* bclAllReduce: recvbuff[i] = op over all ranks of sendbuff[i], i < count.
+ * In place when sendbuff == recvbuff. Buffers: count elements each; NULL only if count is 0.
+ * sendbuff and recvbuff must not otherwise overlap. */
+bclResult_t bclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                         bclDataType_t datatype, bclRedOp_t op, bclComm_t comm,
+                         bclStream_t stream);
+
+/* bclAllGather: recvbuff[r*sendcount + i] = sendbuff of rank r [i].
+ * recvbuff holds nranks*sendcount elements. In place when
+ * sendbuff == recvbuff + rank*sendcount (elements). */
+bclResult_t bclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                         bclDataType_t datatype, bclComm_t comm, bclStream_t stream);
+
+/* bclReduceScatter: recvbuff[i] = op over ranks of sendbuff[rank*recvcount + i].
+ * sendbuff holds nranks*recvcount elements. In place when
+ * recvbuff == sendbuff + rank*recvcount (elements). */
+bclResult_t bclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                             bclDataType_t datatype, bclRedOp_t op, bclComm_t comm,
+                             bclStream_t stream);
+
+/* bclBroadcast: recvbuff on every rank = sendbuff of root (count elements). sendbuff is read
+ * on the root only and may be NULL elsewhere. In place when sendbuff == recvbuff. */
+bclResult_t bclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                         bclDataType_t datatype, int root, bclComm_t comm, bclStream_t stream);
+
+/* bclReduce: recvbuff on root = op over ranks of sendbuff. recvbuff is written on the root
+ * only and may be NULL elsewhere. In place when sendbuff == recvbuff on the root. */
+bclResult_t bclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                      bclDataType_t datatype, bclRedOp_t op, int root, bclComm_t comm,
+                      bclStream_t stream);
+
+/* bclAllToAll: block j (count elements) of sendbuff goes to rank j; block j of recvbuff comes
+ * from rank j. Both hold nranks*count elements. In place when sendbuff == recvbuff. */
+bclResult_t bclAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                        bclDataType_t datatype, bclComm_t comm, bclStream_t stream);
+
+/* bclSend / bclRecv: point to point; the peer calls the other with the same count and type.
+ * Outside a group each call completes before it returns; inside bclGroupStart/bclGroupEnd
+ * the buffers must stay valid until bclGroupEnd returns. */
+bclResult_t bclSend(const void* sendbuff, size_t count, bclDataType_t datatype, int peer,
+                    bclComm_t comm, bclStream_t stream);
+bclResult_t bclRecv(void* recvbuff, size_t count, bclDataType_t datatype, int peer,
+                    bclComm_t comm, bclStream_t stream);
+
+/* bclBarrier: returns once every rank has entered it. */
+bclResult_t bclBarrier(bclComm_t comm, bclStream_t stream);
+
+/* bclGroupStart / bclGroupEnd: bclSend and bclRecv calls between them (on this thread) run
+ * together at the outermost bclGroupEnd, so exchanges in any order cannot deadlock.
+ * Collectives inside a group run at once. Groups nest. */
+bclResult_t bclGroupStart(void);
+bclResult_t bclGroupEnd(void);
+
+/* bclGetErrorString: fixed text of a result code (never NULL). */
+const char* bclGetErrorString(bclResult_t result);
+
+/* bclGetLastError: the calling thread's last failure message, naming its cause ("" if none).
+ * comm may be NULL. */
+const char* bclGetLastError(bclComm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BCL_H_ */

@@ -18,6 +18,14 @@
  *  - Errors of kind bclLinkError, bclMismatch, bclTimeout, bclDeviceError and
  *    bclInternalError poison the communicator: later calls on it return bclPoisoned. Destroy
  *    it (or abort it) and create a new one.
+ *  - What the codes mean for every collective and send/recv below: bclInvalidArgument: a NULL
+ *    or dead comm, a NULL buffer with a non-zero count, a count whose byte size overflows,
+ *    a datatype/op/root/peer out of range, overlapping buffers that are not in place, a
+ *    non-NULL stream (nothing was sent or written); bclMismatch: a peer's message has another
+ *    size (ranks passed different counts or datatypes); bclLinkError: a peer's connection
+ *    broke (the message names it); bclTimeout: no progress within the operation timeout (the
+ *    message names the ranks waited for); bclPoisoned: an earlier failure broke the
+ *    communicator.
  */
 #ifndef BCL_H_
 #define BCL_H_

@@ -177,6 +177,11 @@ fn c_program_on_four_processes_with_the_static_library() {
 }
 
 #[test]
+fn counts_that_differ_between_ranks_are_a_mismatch_then_poison() {
+    run_ranks(&compile("mismatch.c", "mismatch", false), 2);
+}
+
+#[test]
 fn bad_input_from_c_gives_codes_and_messages() {
     let exe = compile("bad_input.c", "bad-input", false);
     let out = run_ok(&mut Command::new(&exe), "bad_input");

@@ -28,6 +28,17 @@ fn need<T>(ptr: *mut T, what: &str) -> Result<*mut T, Error> {
     }
 }
 
+/// Write `value` through the output parameter `ptr`.
+///
+/// # Safety
+/// `ptr` must be NULL (reported as an error) or valid for a write of `T`.
+unsafe fn store<T>(ptr: *mut T, what: &str, value: T) -> Result<(), Error> {
+    let out = need(ptr, what)?;
+    // SAFETY: non-null, and the caller guarantees it is writable (bcl.h's contract).
+    unsafe { out.write(value) };
+    Ok(())
+}
+
 fn no_stream(stream: BclStream) -> Result<(), Error> {
     if stream.is_null() {
         Ok(())
@@ -157,11 +168,9 @@ unsafe fn host_call(
 /// `version` must be NULL or point to a writable `int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclGetVersion(version: *mut c_int) -> BclResult {
-    call("bclGetVersion", || {
-        let v = need(version, "version")?;
-        // SAFETY: non-null, and bcl.h requires a writable int.
-        unsafe { *v = BCL_VERSION_CODE };
-        Ok(())
+    // SAFETY: bcl.h: `version` is NULL or a writable int.
+    call("bclGetVersion", || unsafe {
+        store(version, "version", BCL_VERSION_CODE)
     })
 }
 
@@ -170,7 +179,7 @@ pub unsafe extern "C" fn bclGetVersion(version: *mut c_int) -> BclResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclGetUniqueId(unique_id: *mut BclUniqueId) -> BclResult {
     call("bclGetUniqueId", || {
-        let out = need(unique_id, "uniqueId")?;
+        need(unique_id, "uniqueId")?;
         let ip = match process_env("BCL_BIND_IP") {
             Some(v) => v
                 .parse()
@@ -180,9 +189,8 @@ pub unsafe extern "C" fn bclGetUniqueId(unique_id: *mut BclUniqueId) -> BclResul
         let text = UniqueId::new(ip)?.to_string();
         let mut id = BclUniqueId { internal: [0; 128] };
         id.internal[..text.len()].copy_from_slice(text.as_bytes());
-        // SAFETY: non-null, and bcl.h requires a writable bclUniqueId.
-        unsafe { *out = id };
-        Ok(())
+        // SAFETY: bcl.h: `uniqueId` is a writable bclUniqueId.
+        unsafe { store(unique_id, "uniqueId", id) }
     })
 }
 
@@ -211,12 +219,10 @@ pub extern "C" fn bclGetLastError(_comm: BclComm) -> *const c_char {
 // ---------------------------------------------------------------- communicators
 
 fn init(out: *mut BclComm, f: impl FnOnce() -> Result<Communicator, Error>) -> Result<(), Error> {
-    let out = need(out, "comm")?;
-    let comm = f()?;
-    let id = registry::insert(comm);
-    // SAFETY: non-null, and bcl.h requires a writable bclComm_t.
-    unsafe { *out = id as BclComm };
-    Ok(())
+    need(out, "comm")?;
+    let id = registry::insert(f()?);
+    // SAFETY: bcl.h: `comm` is a writable bclComm_t.
+    unsafe { store(out, "comm", id as BclComm) }
 }
 
 /// # Safety
@@ -360,17 +366,15 @@ pub unsafe extern "C" fn bclCommGetAsyncError(
     async_error: *mut BclResult,
 ) -> BclResult {
     call("bclCommGetAsyncError", || {
-        let out = need(async_error, "asyncError")?;
+        need(async_error, "asyncError")?;
         let c = registry::get(comm as usize)?;
-        // SAFETY: non-null, writable by bcl.h's contract.
-        unsafe {
-            *out = if c.async_error().is_some() {
-                BCL_POISONED
-            } else {
-                BCL_SUCCESS
-            }
+        let code = if c.async_error().is_some() {
+            BCL_POISONED
+        } else {
+            BCL_SUCCESS
         };
-        Ok(())
+        // SAFETY: bcl.h: `asyncError` is a writable bclResult_t.
+        unsafe { store(async_error, "asyncError", code) }
     })
 }
 
@@ -379,11 +383,10 @@ pub unsafe extern "C" fn bclCommGetAsyncError(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclCommCount(comm: BclComm, count: *mut c_int) -> BclResult {
     call("bclCommCount", || {
-        let out = need(count, "count")?;
+        need(count, "count")?;
         let n = registry::get(comm as usize)?.world_size() as c_int;
-        // SAFETY: non-null, writable by bcl.h's contract.
-        unsafe { *out = n };
-        Ok(())
+        // SAFETY: bcl.h: `count` is a writable int.
+        unsafe { store(count, "count", n) }
     })
 }
 
@@ -392,11 +395,10 @@ pub unsafe extern "C" fn bclCommCount(comm: BclComm, count: *mut c_int) -> BclRe
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclCommUserRank(comm: BclComm, rank: *mut c_int) -> BclResult {
     call("bclCommUserRank", || {
-        let out = need(rank, "rank")?;
+        need(rank, "rank")?;
         let r = registry::get(comm as usize)?.rank() as c_int;
-        // SAFETY: non-null, writable by bcl.h's contract.
-        unsafe { *out = r };
-        Ok(())
+        // SAFETY: bcl.h: `rank` is a writable int.
+        unsafe { store(rank, "rank", r) }
     })
 }
 

@@ -127,11 +127,13 @@ fn header_declares_exactly_what_the_library_exports_and_compiles_as_c99_and_cpp(
     );
 }
 
-fn run_ranks(exe: &Path, n: usize) {
+/// Start `n` rank processes made by `command(rank)` with the launcher variables set, and check
+/// each prints "rank R OK" and exits 0 within a bounded time.
+fn run_ranks_with(n: usize, what: &str, command: impl Fn(usize) -> Command) {
     let id = bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
     let children: Vec<Child> = (0..n)
         .map(|r| {
-            Command::new(exe)
+            command(r)
                 .env("BCL_RANK", r.to_string())
                 .env("BCL_WORLD_SIZE", n.to_string())
                 .env("BCL_UNIQUE_ID", id.to_string())
@@ -142,15 +144,12 @@ fn run_ranks(exe: &Path, n: usize) {
                 .expect("spawn")
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(180);
     for (r, mut c) in children.into_iter().enumerate() {
-        loop {
-            if c.try_wait().expect("wait").is_some() {
-                break;
-            }
+        while c.try_wait().expect("wait").is_none() {
             if Instant::now() > deadline {
                 let _ = c.kill();
-                panic!("{} rank {r} hung", exe.display());
+                panic!("{what} rank {r} hung");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -158,12 +157,15 @@ fn run_ranks(exe: &Path, n: usize) {
         assert!(
             out.status.success()
                 && String::from_utf8_lossy(&out.stdout).contains(&format!("rank {r} OK")),
-            "{} rank {r}: {}{}",
-            exe.display(),
+            "{what} rank {r}: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+fn run_ranks(exe: &Path, n: usize) {
+    run_ranks_with(n, &exe.display().to_string(), |_| Command::new(exe));
 }
 
 #[test]
@@ -198,37 +200,10 @@ fn python_ctypes_client_on_four_processes_matches_numpy() {
         matches!(&probe, Ok(o) if o.status.success()),
         "python3 with numpy is required (.ci/run installs it: pip install numpy)"
     );
-    let id = bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
-    let children: Vec<Child> = (0..4)
-        .map(|r| {
-            Command::new("python3")
-                .arg(&script)
-                .env("BCL_LIBRARY", lib_dir().join("libbcl.so"))
-                .env("BCL_RANK", r.to_string())
-                .env("BCL_WORLD_SIZE", "4")
-                .env("BCL_UNIQUE_ID", id.to_string())
-                .env("BCL_TIMEOUT_S", "30")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn python")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    for (r, mut c) in children.into_iter().enumerate() {
-        while c.try_wait().expect("wait").is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("python rank {r} hung");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = c.wait_with_output().expect("output");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("OK"),
-            "python rank {r}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    run_ranks_with(4, "python", |_| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script)
+            .env("BCL_LIBRARY", lib_dir().join("libbcl.so"));
+        cmd
+    });
 }

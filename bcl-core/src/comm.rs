@@ -9,7 +9,7 @@ use crate::bootstrap;
 use crate::config::{CommConfig, Launch, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
-use crate::schedule::{Collective, Layout, Plan, build_plan};
+use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
 use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
 use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
@@ -39,6 +39,7 @@ struct DeviceJob {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct PlanKey {
     collective: Collective,
+    algorithm: Algorithm,
     count: usize,
     in_place: bool,
     slice_elems: usize,
@@ -771,8 +772,13 @@ fn run<'a>(
     };
     let in_place = bindings.input.is_none();
     let slice_elems = (shared.config.slice_bytes / dtype.size()).max(1);
+    let algorithm = shared
+        .config
+        .algorithm
+        .unwrap_or_else(|| select(collective, count * dtype.size(), shared.world));
     let key = PlanKey {
         collective,
+        algorithm,
         count,
         in_place,
         slice_elems,
@@ -790,7 +796,7 @@ fn run<'a>(
     }
     let plan = plans
         .entry(key)
-        .or_insert_with(|| build_plan(collective, layout, count, in_place, slice_elems));
+        .or_insert_with(|| build_plan(collective, algorithm, layout, count, in_place, slice_elems));
     let scratch_bytes = plan.scratch_elems * dtype.size();
     let device_error = |source| Error::Device {
         rank,

@@ -1,6 +1,7 @@
 //! Configuration, and the one place where environment variables are read.
 
 use crate::error::{Error, Result};
+use crate::schedule::Algorithm;
 use crate::unique_id::UniqueId;
 use bcl_backends::DeviceSpec;
 use bcl_transport::mem::MemFabric;
@@ -63,6 +64,9 @@ pub struct CommConfig {
     pub slice_bytes: usize,
     /// Namespace of this communicator's keys in a shared store.
     pub store_prefix: String,
+    /// Force one algorithm instead of choosing by size (`schedule::select`). Every rank must
+    /// be given the same.
+    pub algorithm: Option<Algorithm>,
 }
 
 impl Default for CommConfig {
@@ -77,6 +81,7 @@ impl Default for CommConfig {
             op_timeout: Duration::from_secs(300),
             slice_bytes: 512 << 10,
             store_prefix: "bcl".into(),
+            algorithm: None,
         }
     }
 }
@@ -106,7 +111,7 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
-    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`.
+    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd).
     pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         if let Some(v) = get("BCL_DEVICE") {
             self.device = v
@@ -127,6 +132,16 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_TIMEOUT_S") {
             self.op_timeout = Duration::from_secs_f64(number("BCL_TIMEOUT_S", &v)?);
+        }
+        if let Some(v) = get("BCL_ALGO") {
+            self.algorithm = match v.as_str() {
+                "auto" => None,
+                other => Some(
+                    other
+                        .parse()
+                        .map_err(|e| Error::InvalidArgument(format!("BCL_ALGO: {e}")))?,
+                ),
+            };
         }
         if let Some(v) = get("BCL_SLICE_BYTES") {
             self.slice_bytes = number::<usize>("BCL_SLICE_BYTES", &v)?.max(64);

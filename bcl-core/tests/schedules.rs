@@ -1,6 +1,7 @@
 //! Every schedule, proven on the abstract network by the symbolic checker: matching sends and
 //! receives, no deadlock, exact final contents, for world sizes 1..=16 and awkward counts.
 
+use bcl_core::schedule::Algorithm;
 use bcl_core::schedule::checker::{Case, check};
 use bcl_core::{Collective, ReduceOp};
 use proptest::prelude::*;
@@ -43,17 +44,20 @@ fn run(
     if matches!(collective, Collective::Send { .. }) && world < 2 {
         return;
     }
-    let case = Case {
-        collective,
-        world,
-        count,
-        in_place,
-        slice_elems: slice,
-        ring,
-        seed,
-    };
-    if let Err(e) = check(&case) {
-        panic!("{case:?}: {e}");
+    for algorithm in [Algorithm::Ring, Algorithm::RecursiveDoubling] {
+        let case = Case {
+            collective,
+            algorithm,
+            world,
+            count,
+            in_place,
+            slice_elems: slice,
+            ring: ring.clone(),
+            seed,
+        };
+        if let Err(e) = check(&case) {
+            panic!("{case:?}: {e}");
+        }
     }
 }
 
@@ -103,6 +107,7 @@ fn checker_catches_a_broken_plan() {
     // world where rank 0 sends to itself is caught as a bad peer.
     let bad = Case {
         collective: Collective::AllReduce { op: ReduceOp::Sum },
+        algorithm: Algorithm::Ring,
         world: 3,
         count: 5,
         in_place: false,

@@ -70,6 +70,9 @@ pub struct Args {
     /// Bytes per pipelined slice.
     #[arg(long, value_parser = parse_size)]
     pub slice_bytes: Option<usize>,
+    /// auto|ring|rd: the allreduce algorithm (auto: recursive doubling for small messages).
+    #[arg(long, default_value = "auto")]
+    pub algo: String,
     /// Seconds one collective may take before it fails naming the peers it waits for.
     #[arg(long, default_value_t = 120.0)]
     pub timeout: f64,
@@ -145,6 +148,10 @@ impl Args {
         if let Some(s) = self.slice_bytes {
             c.slice_bytes = s.max(64);
         }
+        c.algorithm = match self.algo.as_str() {
+            "auto" => None,
+            other => Some(other.parse()?),
+        };
         c.with_env(&bcl_core::config::process_env)
             .map_err(|e| e.to_string())
     }

@@ -1,6 +1,7 @@
 //! Bad input and injected faults: each gives a clear error naming what was wrong, nothing is
 //! corrupted, and no call hangs.
 
+use bcl_core::schedule::Algorithm;
 use bcl_core::{CommConfig, Communicator, Error, MemFabric, ReduceOp, TransportKind, UniqueId};
 use bcl_tests::{Setup, test_config};
 use bcl_transport::Secret;
@@ -100,38 +101,58 @@ fn mismatched_counts_and_dtypes_between_ranks_fail_naming_the_peer_then_poison()
     assert!(start.elapsed() < Duration::from_secs(1));
 }
 
-#[test]
-fn a_dropped_peer_fails_its_neighbours_with_a_link_error_naming_it() {
+/// Drop rank 2 of 4 and run a 4000-byte allreduce with `algorithm`; returns each rank's result.
+fn allreduce_without_rank_2(algorithm: Algorithm) -> Vec<Result<(), Error>> {
     let fabric = MemFabric::new(4);
     let faults = fabric.faults();
     let comms = Communicator::init_threads_with(4, |r| CommConfig {
         transport: TransportKind::Mem(fabric.clone()),
+        algorithm: Some(algorithm),
         ..short(Setup::MemCpu, r)
     })
     .expect("init");
     faults.drop_peer(2);
-    let results = each(&comms, |r, c| {
+    each(&comms, |r, c| {
         if r == 2 {
             Ok(())
         } else {
             c.all_reduce_in_place(&mut [1u32; 1000], ReduceOp::Sum)
         }
-    });
-    for r in [1usize, 3] {
-        let e = results[r]
-            .as_ref()
-            .expect_err("neighbour of the dropped rank");
-        assert!(matches!(e, Error::Link { .. }), "rank {r}: {e}");
-        assert!(
-            e.to_string().contains("link to rank 2 (host"),
-            "rank {r}: {e}"
-        );
-        assert!(e.to_string().contains("allreduce(sum) #1"), "rank {r}: {e}");
-    }
+    })
+}
+
+fn assert_names_link_to_rank_2(results: &[Result<(), Error>], rank: usize) {
+    let e = results[rank]
+        .as_ref()
+        .expect_err("a rank that needs the dropped rank");
+    assert!(matches!(e, Error::Link { .. }), "rank {rank}: {e}");
     assert!(
-        results[0].is_err(),
+        e.to_string().contains("link to rank 2 (host"),
+        "rank {rank}: {e}"
+    );
+    assert!(
+        e.to_string().contains("allreduce(sum) #1"),
+        "rank {rank}: {e}"
+    );
+}
+
+#[test]
+fn a_dropped_peer_fails_the_ranks_that_need_it_with_a_link_error_naming_it() {
+    // Ring 0-1-2-3: rank 2's neighbours are 1 and 3; rank 0 waits on them and fails too.
+    let ring = allreduce_without_rank_2(Algorithm::Ring);
+    assert_names_link_to_rank_2(&ring, 1);
+    assert_names_link_to_rank_2(&ring, 3);
+    assert!(
+        ring[0].is_err(),
         "rank 0 cannot finish without rank 2's data"
     );
+    // Recursive doubling: rank 2's partners are 3 (round 1) and 0 (round 2); rank 1 waits
+    // for rank 3 and names it.
+    let rd = allreduce_without_rank_2(Algorithm::RecursiveDoubling);
+    assert_names_link_to_rank_2(&rd, 3);
+    assert_names_link_to_rank_2(&rd, 0);
+    let e = rd[1].as_ref().expect_err("rank 1 cannot finish");
+    assert!(e.to_string().contains("rank 3 (host"), "rank 1: {e}");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! result or a race for some seed, and the failure replays from that seed.
 
 use super::plan::{Action, BufferId, Plan, Region};
-use super::{Collective, Layout, build_plan};
+use super::{Algorithm, Collective, Layout, build_plan};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 type Contribution = (u16, u32);
@@ -51,6 +51,7 @@ impl XorShift {
 #[derive(Clone, Debug)]
 pub struct Case {
     pub collective: Collective,
+    pub algorithm: Algorithm,
     pub world: usize,
     pub count: usize,
     pub in_place: bool,
@@ -99,6 +100,7 @@ pub fn check(case: &Case) -> Result<(), String> {
         };
         let plan = build_plan(
             collective,
+            case.algorithm,
             &layout,
             case.count,
             case.in_place,

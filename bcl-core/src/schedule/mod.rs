@@ -7,6 +7,7 @@ pub mod barrier;
 pub mod chain;
 pub mod checker;
 pub mod direct;
+mod doubling;
 pub mod plan;
 pub mod ring;
 
@@ -106,6 +107,44 @@ impl fmt::Display for Collective {
     }
 }
 
+/// How a collective is carried out. Every rank of a call must use the same one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring (reduce-scatter + allgather for allreduce), pipelined chains for rooted
+    /// collectives: bandwidth-optimal.
+    #[default]
+    Ring,
+    /// Recursive doubling for allreduce: log2(n) exchanges of the whole buffer,
+    /// latency-optimal for small messages. Other collectives use their ring/chain plans.
+    RecursiveDoubling,
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ring" => Ok(Algorithm::Ring),
+            "rd" | "recursive-doubling" => Ok(Algorithm::RecursiveDoubling),
+            other => Err(format!("unknown algorithm '{other}' (ring, rd)")),
+        }
+    }
+}
+
+/// Allreduces of at most this many bytes use recursive doubling (see the selection note in
+/// ARCHITECTURE.md for the measurements behind it).
+pub const DOUBLING_MAX_BYTES: usize = 64 << 10;
+
+/// The algorithm for `collective` over `bytes` per rank on `world` ranks. Pure, so that every
+/// rank picks the same.
+pub fn select(collective: Collective, bytes: usize, world: usize) -> Algorithm {
+    match collective {
+        Collective::AllReduce { .. } if world > 1 && bytes <= DOUBLING_MAX_BYTES => {
+            Algorithm::RecursiveDoubling
+        }
+        _ => Algorithm::Ring,
+    }
+}
+
 /// The place of one rank among the others: its rank and the ring order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -202,6 +241,7 @@ fn copy_sliced(b: &mut PlanBuilder, from: Region, to: BufferId, to_offset: usize
 /// the elements of one message. In-place plans use only `Output` (and `Scratch`).
 pub fn build_plan(
     collective: Collective,
+    algorithm: Algorithm,
     layout: &Layout,
     count: usize,
     in_place: bool,
@@ -211,6 +251,9 @@ pub fn build_plan(
     let (n, rank) = (layout.world(), layout.rank());
     let mut b = PlanBuilder::new();
     match collective {
+        Collective::AllReduce { op } if algorithm == Algorithm::RecursiveDoubling => {
+            doubling::allreduce(&mut b, layout, count, in_place, reduction(op));
+        }
         Collective::AllReduce { op } => {
             let chunks = Chunks::new((0..n).map(|c| part(count, n, c)).collect(), slice);
             if !in_place {

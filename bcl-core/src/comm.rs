@@ -508,8 +508,13 @@ impl Communicator {
         self.check_usable()?;
         let in_place = input.is_none();
         let need = self.validate(collective, count, dtype, in_place)?;
-        check_len("input", input.map(DeviceBuffer::len), need.0)?;
-        check_len("output", output.map(DeviceBuffer::len), need.1)?;
+        check_len("input", input.map(DeviceBuffer::len), need.0, Fit::AtLeast)?;
+        check_len(
+            "output",
+            output.map(DeviceBuffer::len),
+            need.1,
+            Fit::AtLeast,
+        )?;
         let work = Arc::new(WorkState::default());
         let job = DeviceJob {
             collective,
@@ -633,8 +638,13 @@ impl Communicator {
         self.check_usable()?;
         let in_place = input.is_none();
         let need = self.validate(collective, count, dtype, in_place)?;
-        check_len("send buffer", input.map(<[u8]>::len), need.0)?;
-        check_len("receive buffer", output.as_ref().map(|o| o.len()), need.1)?;
+        check_len("send buffer", input.map(<[u8]>::len), need.0, Fit::Exact)?;
+        check_len(
+            "receive buffer",
+            output.as_ref().map(|o| o.len()),
+            need.1,
+            Fit::Exact,
+        )?;
         // Keep call order: earlier enqueued device work finishes first.
         {
             let mut q = self.shared.queued.lock();
@@ -669,9 +679,18 @@ fn check_rank(rank: usize, world: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_len(what: &str, got: Option<usize>, want: Option<usize>) -> Result<()> {
+/// How a buffer's length must relate to what a call needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Host slices: their length is the count the caller meant, so it must match.
+    Exact,
+    /// Device buffers are allocations that may be larger than one call uses.
+    AtLeast,
+}
+
+fn check_len(what: &str, got: Option<usize>, want: Option<usize>, fit: Fit) -> Result<()> {
     match (got, want) {
-        (Some(g), Some(w)) if g < w || (g != w && what.contains("buffer")) => {
+        (Some(g), Some(w)) if g < w || (fit == Fit::Exact && g != w) => {
             Err(Error::InvalidArgument(format!(
                 "{what} holds {g} bytes, but this call needs {w} bytes"
             )))

@@ -207,9 +207,8 @@ impl Transport for MemTransport {
         let deliver_at = {
             let mut faults = self.shared.faults.lock();
             let now = Instant::now();
-            if faults.stalled.contains(&link) {
-                now + Duration::from_secs(1 << 30)
-            } else if let Some((rate, free)) = faults.throttled.get_mut(&link) {
+            // A stalled link holds messages at the receiver (`try_recv` checks the stall).
+            if let Some((rate, free)) = faults.throttled.get_mut(&link) {
                 let start = (*free).max(now);
                 *free = start + Duration::from_secs_f64(data.len() as f64 / *rate);
                 *free
@@ -243,7 +242,7 @@ impl Transport for MemTransport {
             return Ok(None);
         };
         match queue.front() {
-            Some(p) if !stalled && (p.deliver_at <= Instant::now() || p_resumed(p)) => {}
+            Some(p) if !stalled && p.deliver_at <= Instant::now() => {}
             _ => return Ok(None),
         }
         let Some(p) = queue.pop_front() else {
@@ -288,12 +287,6 @@ impl Transport for MemTransport {
     fn peer_lost(&self, peer: usize) -> bool {
         self.shared.faults.lock().dropped.contains(&peer)
     }
-}
-
-/// A message that was held by a stall (delivery time in the far future) is deliverable once
-/// the stall is lifted.
-fn p_resumed(p: &Pending) -> bool {
-    p.deliver_at > Instant::now() + Duration::from_secs(1 << 29)
 }
 
 #[cfg(test)]

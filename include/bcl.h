@@ -67,7 +67,9 @@ typedef enum {
   bclPoisoned = 8,          /* the communicator is unusable after an earlier error */
   bclUnavailable = 9,       /* a backend or transport is not available */
   bclInternalError = 10,    /* a BCL bug (a caught panic included) */
-  bclNumResults = 11
+  bclRemoteError = 11,      /* another rank died, hung, lost its link or aborted: the message
+                               (bclGetLastError) is the verdict naming it and the cause */
+  bclNumResults = 12
 } bclResult_t;
 
 /* Element types: NCCL's names and numbers. */
@@ -146,7 +148,9 @@ bclResult_t bclCommFinalize(bclComm_t comm);
  * bclInvalidArgument). Queued sends are flushed for up to 2 s. */
 bclResult_t bclCommDestroy(bclComm_t comm);
 
-/* bclCommAbort: frees the communicator without waiting for peers; use after an error. */
+/* bclCommAbort: fails every operation in flight on this communicator, here and on every other
+ * rank (they get bclRemoteError with a verdict naming this rank), then frees it without waiting
+ * for peers. May be called from another thread while a collective runs on `comm`. */
 bclResult_t bclCommAbort(bclComm_t comm);
 
 /* bclCommGetAsyncError: *asyncError = bclPoisoned if an earlier failure broke the
@@ -158,10 +162,10 @@ bclResult_t bclCommCount(const bclComm_t comm, int* count);
 bclResult_t bclCommUserRank(const bclComm_t comm, int* rank);
 
 /* bclCommHealthReport: a JSON object describing the communicator (rank, world, ring order,
- * every peer's host, pid and device, the first fault if any) written NUL-terminated into
- * buffer. *needed (if not NULL) receives the size required; a NULL or too small buffer gives
- * bclInvalidArgument and writes nothing. Health fields grow as hang and slow-node detection
- * land. */
+ * every peer's host, pid and device, the verdict or first fault if any, the last operation
+ * started and completed, and the flight recorder: the last operations with signature, state,
+ * times and bytes per peer) written NUL-terminated into buffer. *needed (if not NULL) receives
+ * the size required; a NULL or too small buffer gives bclInvalidArgument and writes nothing. */
 bclResult_t bclCommHealthReport(bclComm_t comm, char* buffer, size_t size, size_t* needed);
 
 /* bclAllReduce: recvbuff[i] = op over all ranks of sendbuff[i], i < count.

@@ -10,6 +10,8 @@ command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 command -v nm >/dev/null 2>&1 || missing+=(binutils)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)   # network-namespace fault tests
+command -v kill >/dev/null 2>&1 || missing+=(procps)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}"
 fi

@@ -9,7 +9,9 @@ use crate::bootstrap;
 use crate::config::{CommConfig, Launch, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
+use crate::health::{Cause, Health, PeerBytes, Verdict};
 use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
+use crate::signature::Signature;
 use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
 use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
@@ -23,6 +25,7 @@ use crossbeam::channel::{Receiver, Sender, unbounded};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -72,6 +75,10 @@ struct Shared {
     queued: Mutex<usize>,
     drained: Condvar,
     poison: Mutex<Option<String>>,
+    health: Health,
+    /// The per-operation timeout in milliseconds (`CommConfig::op_timeout`, or
+    /// [`Communicator::set_timeout`]).
+    op_timeout_ms: AtomicU64,
     /// How long to poll before sleeping when nothing moves (see [`spin_window`]).
     spin: Duration,
 }
@@ -210,6 +217,13 @@ impl Communicator {
                 })?)
             }
         };
+        let health =
+            Health::start(rank, secret, config.bind_ip, config.health.clone()).map_err(|e| {
+                Error::Bootstrap {
+                    rank,
+                    reason: format!("cannot start the health channel on {}: {e}", config.bind_ip),
+                }
+            })?;
         let me = RankInfo {
             rank,
             hostname: hostname(),
@@ -217,6 +231,7 @@ impl Communicator {
             pid: std::process::id(),
             device: accelerator.info().clone(),
             address: transport.address().clone(),
+            health: health.address().map(|a| a.to_string()),
         };
         let peers = bootstrap::exchange(
             store.as_ref(),
@@ -250,8 +265,12 @@ impl Communicator {
                 },
             })?;
         let layout = Layout::new(rank, ring_order(&peers)).map_err(Error::Internal)?;
+        health
+            .watch(peers.clone(), layout.ring().to_vec(), deadline)
+            .map_err(|reason| Error::Bootstrap { rank, reason })?;
         let spin = spin_window(peers.iter().filter(|p| p.host_id == me.host_id).count());
         tracing::debug!(rank, world, ring = ?layout.ring(), device = %me.device, "communicator ready");
+        let config_timeout_ms = config.op_timeout.as_millis() as u64;
         let shared = Arc::new(Shared {
             rank,
             world,
@@ -271,6 +290,8 @@ impl Communicator {
             queued: Mutex::new(0),
             drained: Condvar::new(),
             poison: Mutex::new(None),
+            health,
+            op_timeout_ms: AtomicU64::new(config_timeout_ms),
             spin,
         });
         let (tx, rx) = unbounded();
@@ -310,9 +331,46 @@ impl Communicator {
         self.shared.engine.lock().layout.ring().to_vec()
     }
 
-    /// The first fault that poisoned this communicator, if any.
+    /// The first fault that poisoned this communicator, if any: an error of this rank's, or
+    /// the verdict about a fault elsewhere (NCCL's `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<String> {
-        self.shared.poison.lock().clone()
+        self.shared
+            .poison
+            .lock()
+            .clone()
+            .or_else(|| self.shared.health.verdict().map(|v| v.line))
+    }
+
+    /// Abort: every operation in flight on this communicator, on this rank and every other,
+    /// fails promptly with a verdict naming this rank; later calls fail at once. Safe to call
+    /// from any thread while another is inside a collective. The communicator must still be
+    /// dropped (destroyed) to release its threads and sockets.
+    pub fn abort(&self) {
+        let shared = &self.shared;
+        let verdict = Verdict::new(
+            Cause::Aborted,
+            vec![shared.rank],
+            shared.rank,
+            &shared.peers,
+            "abort() called",
+            shared.health.current_op().as_deref(),
+        );
+        shared.health.report(verdict);
+    }
+
+    /// The timeout of each later operation (default `CommConfig::op_timeout`,
+    /// `BCL_TIMEOUT_S`). An operation that runs out of time fails naming the peers it
+    /// waited for and what the health layer found out about them.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.shared
+            .op_timeout_ms
+            .store(timeout.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// This rank's health report: its state, the verdict if any, and the flight recorder
+    /// (the last operations with their signature, state, times and bytes per peer).
+    pub fn health_report(&self) -> serde_json::Value {
+        self.shared.health.report_json()
     }
 
     // ---- typed host-slice API (blocking) ----
@@ -567,8 +625,8 @@ impl Communicator {
     }
 
     fn check_usable(&self) -> Result<()> {
-        match self.shared.poison.lock().as_ref() {
-            Some(first) => Err(Error::Poisoned(first.clone())),
+        match self.async_error() {
+            Some(first) => Err(Error::Poisoned(first)),
             None => Ok(()),
         }
     }
@@ -712,7 +770,11 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 
 fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
     while let Ok(job) = jobs.recv() {
-        let poisoned = shared.poison.lock().clone();
+        let poisoned = shared
+            .poison
+            .lock()
+            .clone()
+            .or_else(|| shared.health.verdict().map(|v| v.line));
         let result = match poisoned {
             Some(first) => Err(Error::Poisoned(first)),
             None => {
@@ -783,11 +845,11 @@ fn run<'a>(
             (engine.seq, false)
         }
     };
-    let describe = || {
-        format!(
-            "{collective} #{seq} ({count} x {dtype}, {})",
-            human_bytes(count * dtype.size())
-        )
+    let signature = Signature {
+        seq,
+        collective,
+        count: count as u64,
+        dtype,
     };
     let in_place = bindings.input.is_none();
     let slice_elems = (shared.config.slice_bytes / dtype.size()).max(1);
@@ -853,15 +915,26 @@ fn run<'a>(
         world: shared.world,
         accelerator: shared.accelerator.as_ref(),
         stream: shared.accelerator.default_stream(),
+        rank,
+        signature,
     };
+    let health = &shared.health;
+    health.op_started(signature, algorithm.name());
     let started = Instant::now();
-    let deadline = started + shared.config.op_timeout;
-    let mut exec = Executor::new(plan);
+    let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
+    let deadline = started + timeout;
+    let hang_timeout = shared.config.health.hang_timeout;
+    let mut exec = Executor::new(plan, shared.world);
     let mut idle = 0u32;
     let mut idle_since = Instant::now();
+    // When the current stall was handed to the health layer (once per stall).
+    let mut investigated: Option<Instant> = None;
     let outcome: Result<()> = loop {
+        if health.faulted() {
+            break Err(fault_error(shared, health.verdict(), signature));
+        }
         match exec.poll(transport.as_mut(), &mut bindings, &ctx) {
-            Err(e) => break Err(exec_error(shared, e, describe())),
+            Err(e) => break Err(exec_error(shared, e, signature)),
             Ok(_) if exec.is_done() => break Ok(()),
             Ok(true) => idle = 0,
             Ok(false) => {
@@ -870,31 +943,17 @@ fn run<'a>(
                 }
                 idle += 1;
                 if Instant::now() >= deadline {
-                    let waiting = exec.waiting_on();
-                    let blocked = exec.blocked_sends();
-                    let label = |rs: &[usize]| {
-                        rs.iter()
-                            .map(|r| shared.peers[*r].label().0)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    let mut waiting_on = String::new();
-                    if !waiting.is_empty() {
-                        waiting_on += &format!("data from {}", label(&waiting));
+                    break Err(timeout_error(shared, &exec, signature, started));
+                }
+                let stalled = exec.last_progress.elapsed();
+                if stalled >= hang_timeout && investigated.is_none_or(|at| at < exec.last_progress)
+                {
+                    investigated = Some(Instant::now());
+                    let mut peers = exec.waiting_on();
+                    if peers.is_empty() {
+                        peers = exec.blocked_sends();
                     }
-                    if !blocked.is_empty() {
-                        if !waiting_on.is_empty() {
-                            waiting_on += "; ";
-                        }
-                        waiting_on += &format!("room to send to {}", label(&blocked));
-                    }
-                    break Err(Error::Timeout {
-                        rank,
-                        local: shared.peers[rank].label(),
-                        op: describe(),
-                        waited_s: started.elapsed().as_secs_f64(),
-                        waiting_on,
-                    });
+                    health.investigate_stall(peers, signature);
                 }
                 if idle_since.elapsed() >= shared.spin && idle > 4 {
                     if let Some(peer) = exec.lost_peer(transport.as_ref()) {
@@ -903,10 +962,10 @@ fn run<'a>(
                             addr: String::from_utf8_lossy(shared.peers[peer].address.as_bytes())
                                 .into_owned(),
                         };
-                        break Err(exec_error(shared, ExecError::Transport(lost), describe()));
+                        break Err(exec_error(shared, ExecError::Transport(lost), signature));
                     }
                     if let Err(e) = transport.wait(Duration::from_millis(2)) {
-                        break Err(exec_error(shared, ExecError::Transport(e), describe()));
+                        break Err(exec_error(shared, ExecError::Transport(e), signature));
                     }
                 } else if shared.spin.is_zero() {
                     std::thread::yield_now();
@@ -916,6 +975,11 @@ fn run<'a>(
             }
         }
     };
+    let peer_bytes: Vec<PeerBytes> = exec
+        .peer_bytes()
+        .filter(|b| b.sent > 0 || b.received > 0)
+        .collect();
+    health.op_finished(peer_bytes, outcome.as_ref().err().map(|e| e.to_string()));
     if let Err(e) = &outcome
         && e.poisons()
     {
@@ -923,44 +987,131 @@ fn run<'a>(
         if p.is_none() {
             *p = Some(e.to_string());
         }
-        tracing::error!(rank, error = %e, "collective failed; communicator poisoned");
+        // A verdict is logged once, by the health layer, when it is reached.
+        if !matches!(e, Error::Fault { .. }) {
+            tracing::error!(rank, error = %e, "collective failed; communicator poisoned");
+        }
     }
     outcome
 }
 
-fn exec_error(shared: &Shared, e: ExecError, op: String) -> Error {
+fn label_of(shared: &Shared, r: usize) -> PeerLabel {
+    shared
+        .peers
+        .get(r)
+        .map(RankInfo::label)
+        .unwrap_or_else(|| PeerLabel(format!("rank {r}")))
+}
+
+/// The error of an operation that ran out of time: whom it waited for, and what the health
+/// layer found out about them.
+fn timeout_error(shared: &Shared, exec: &Executor<'_>, op: Signature, started: Instant) -> Error {
+    let label = |rs: &[usize]| {
+        rs.iter()
+            .map(|r| label_of(shared, *r).0)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut waiting = Vec::new();
+    let (receives, sends) = (exec.waiting_on(), exec.blocked_sends());
+    if !receives.is_empty() {
+        waiting.push(format!("data from {}", label(&receives)));
+    }
+    if !sends.is_empty() {
+        waiting.push(format!("room to send to {}", label(&sends)));
+    }
+    waiting.extend(shared.health.notes());
+    Error::Timeout {
+        rank: shared.rank,
+        local: label_of(shared, shared.rank),
+        op: op.to_string(),
+        waited_s: started.elapsed().as_secs_f64(),
+        waiting_on: waiting.join("; "),
+    }
+}
+
+/// The error of an operation failed by a verdict.
+fn fault_error(shared: &Shared, verdict: Option<Verdict>, op: Signature) -> Error {
+    match verdict {
+        Some(v) => Error::Fault {
+            rank: shared.rank,
+            op: op.to_string(),
+            cause: v.cause,
+            verdict: v.line,
+        },
+        None => Error::Internal("a fault was flagged without a verdict".into()),
+    }
+}
+
+/// Turn an executor error into the operation's error; faults that concern other ranks are
+/// diagnosed and become a verdict every rank shares.
+fn exec_error(shared: &Shared, e: ExecError, op: Signature) -> Error {
     let rank = shared.rank;
-    let label = |r: usize| {
-        shared
-            .peers
-            .get(r)
-            .map(RankInfo::label)
-            .unwrap_or_else(|| PeerLabel(format!("rank {r}")))
+    let health = &shared.health;
+    // A desync's description names both operations already.
+    let verdict = |cause: Cause, ranks: Vec<usize>, what: String| {
+        let during = (cause != Cause::Desync).then(|| op.to_string());
+        health.report(Verdict::new(
+            cause,
+            ranks,
+            rank,
+            &shared.peers,
+            &what,
+            during.as_deref(),
+        ))
     };
     match e {
-        ExecError::Transport(t) => Error::Link {
-            rank,
-            local: label(rank),
-            peer: t.peer().map_or_else(|| PeerLabel("a peer".into()), label),
-            op,
-            reason: t.to_string(),
+        ExecError::Transport(t) => match t.peer() {
+            Some(peer) => fault_error(shared, Some(health.link_failed(peer, &t.to_string())), op),
+            None => Error::Link {
+                rank,
+                local: label_of(shared, rank),
+                peer: PeerLabel("a peer".into()),
+                op: op.to_string(),
+                reason: t.to_string(),
+            },
         },
-        ExecError::Device(source) => Error::Device {
-            rank,
-            device: shared.accelerator.info().to_string(),
-            source,
-        },
+        ExecError::Device(source) => {
+            let error = Error::Device {
+                rank,
+                device: shared.accelerator.info().to_string(),
+                source,
+            };
+            verdict(Cause::Aborted, vec![rank], error.to_string());
+            error
+        }
+        ExecError::Desync { peer, theirs } => {
+            let theirs = theirs.map_or_else(
+                || "something that is not a signature".into(),
+                |s| s.to_string(),
+            );
+            let v = verdict(
+                Cause::Desync,
+                vec![rank, peer],
+                format!("rank {rank} called {op}, rank {peer} called {theirs}"),
+            );
+            fault_error(shared, Some(v), op)
+        }
         ExecError::Mismatch {
             peer,
             got,
             expected,
-        } => Error::Mismatch {
-            rank,
-            peer: label(peer),
-            op,
-            got,
-            expected,
-        },
+        } => {
+            verdict(
+                Cause::Desync,
+                vec![rank, peer],
+                format!(
+                    "rank {peer} sent {got} bytes where rank {rank} expected {expected} in {op}"
+                ),
+            );
+            Error::Mismatch {
+                rank,
+                peer: label_of(shared, peer),
+                op: op.to_string(),
+                got,
+                expected,
+            }
+        }
         ExecError::Binding(why) => Error::Internal(format!("{op}: {why}")),
     }
 }
@@ -973,12 +1124,19 @@ impl Drop for Communicator {
             let _ = t.join();
         }
         let mut engine = self.shared.engine.lock();
-        let end = Instant::now() + Duration::from_secs(2);
+        // After a fault nobody waits for what is still queued.
+        let end = if self.shared.health.faulted() {
+            Instant::now()
+        } else {
+            Instant::now() + Duration::from_secs(2)
+        };
         while !engine.transport.flushed() && Instant::now() < end {
             if engine.transport.progress().is_err() {
                 break;
             }
             let _ = engine.transport.wait(Duration::from_millis(1));
         }
+        drop(engine);
+        self.shared.health.shutdown();
     }
 }

@@ -1,6 +1,7 @@
 //! Configuration, and the one place where environment variables are read.
 
 use crate::error::{Error, Result};
+use crate::health::HealthConfig;
 use crate::schedule::Algorithm;
 use crate::unique_id::UniqueId;
 use bcl_backends::DeviceSpec;
@@ -67,6 +68,8 @@ pub struct CommConfig {
     /// Force one algorithm instead of choosing by size (`schedule::select`). Every rank must
     /// be given the same.
     pub algorithm: Option<Algorithm>,
+    /// Heartbeats, hang detection, fault diagnosis and the flight recorder's dump.
+    pub health: HealthConfig,
 }
 
 impl Default for CommConfig {
@@ -82,6 +85,7 @@ impl Default for CommConfig {
             slice_bytes: 512 << 10,
             store_prefix: "bcl".into(),
             algorithm: None,
+            health: HealthConfig::default(),
         }
     }
 }
@@ -111,7 +115,9 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
-    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd).
+    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd),
+    /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
+    /// `BCL_FLIGHT_RECORDER_OPS`.
     pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         if let Some(v) = get("BCL_DEVICE") {
             self.device = v
@@ -145,6 +151,31 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_SLICE_BYTES") {
             self.slice_bytes = number::<usize>("BCL_SLICE_BYTES", &v)?.max(64);
+        }
+        if let Some(v) = get("BCL_HEALTH") {
+            self.health.enabled = match v.as_str() {
+                "on" | "1" => true,
+                "off" | "0" => false,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "BCL_HEALTH='{other}' (on, off)"
+                    )));
+                }
+            };
+        }
+        if let Some(v) = get("BCL_HEARTBEAT_MS") {
+            self.health.heartbeat =
+                Duration::from_millis(number::<u64>("BCL_HEARTBEAT_MS", &v)?.max(1));
+        }
+        if let Some(v) = get("BCL_HANG_TIMEOUT_MS") {
+            self.health.hang_timeout =
+                Duration::from_millis(number::<u64>("BCL_HANG_TIMEOUT_MS", &v)?.max(10));
+        }
+        if let Some(v) = get("BCL_DUMP_DIR") {
+            self.health.dump_dir = Some(v.into());
+        }
+        if let Some(v) = get("BCL_FLIGHT_RECORDER_OPS") {
+            self.health.recorder_ops = number::<usize>("BCL_FLIGHT_RECORDER_OPS", &v)?.max(1);
         }
         Ok(self)
     }

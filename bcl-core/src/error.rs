@@ -6,6 +6,7 @@
 //! the communicator, and every later call fails fast with [`Error::Poisoned`] naming the
 //! first fault.
 
+use crate::health::Cause;
 use bcl_backends::DeviceError;
 use thiserror::Error;
 
@@ -67,6 +68,17 @@ pub enum Error {
         expected: usize,
     },
 
+    /// A fault diagnosed by the health layer (a rank died, hung or aborted, a link went down,
+    /// ranks called different operations): the verdict, the same on every rank, names the
+    /// culprit and the cause.
+    #[error("rank {rank}: {op} failed: {verdict}")]
+    Fault {
+        rank: usize,
+        op: String,
+        cause: Cause,
+        verdict: String,
+    },
+
     /// An operation did not finish in time. Names the peers this rank was still waiting for.
     #[error("{local}: {op} timed out after {waited_s:.1} s waiting for {waiting_on}")]
     Timeout {
@@ -107,6 +119,7 @@ impl Error {
             Error::Link { .. }
                 | Error::Timeout { .. }
                 | Error::Mismatch { .. }
+                | Error::Fault { .. }
                 | Error::Device { .. }
                 | Error::Internal(_)
         )

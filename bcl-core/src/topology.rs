@@ -18,6 +18,8 @@ pub struct RankInfo {
     pub device: DeviceInfo,
     /// The transport's address for this rank.
     pub address: PeerAddress,
+    /// The health channel's listener ("ip:port"); `None` when the health channel is off.
+    pub health: Option<String>,
 }
 
 impl RankInfo {
@@ -72,6 +74,7 @@ mod tests {
             hostname: host.into(),
             host_id: host.into(),
             pid: 1,
+            health: None,
             device: DeviceInfo {
                 vendor,
                 model: String::new(),

@@ -355,7 +355,11 @@ pub extern "C" fn bclCommDestroy(comm: BclComm) -> BclResult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn bclCommAbort(comm: BclComm) -> BclResult {
-    call("bclCommAbort", || registry::remove(comm as usize).map(drop))
+    call("bclCommAbort", || {
+        let c = registry::remove(comm as usize)?;
+        c.abort();
+        Ok(())
+    })
 }
 
 /// # Safety
@@ -418,11 +422,11 @@ pub unsafe extern "C" fn bclCommHealthReport(
             .iter()
             .map(|p| serde_json::json!({"rank": p.rank, "host": p.hostname, "pid": p.pid, "device": p.device.to_string(), "model": p.device.model}))
             .collect();
-        let report = serde_json::json!({
-            "rank": c.rank(), "world": c.world_size(), "ring": c.ring(),
-            "async_error": c.async_error(), "peers": peers,
-        })
-        .to_string();
+        let mut report = c.health_report();
+        report["ring"] = serde_json::json!(c.ring());
+        report["async_error"] = serde_json::json!(c.async_error());
+        report["peers"] = serde_json::json!(peers);
+        let report = report.to_string();
         let want = report.len() + 1;
         if !needed.is_null() {
             // SAFETY: non-null, writable by bcl.h's contract.

@@ -1,5 +1,6 @@
 //! The C types of `bcl.h`, with NCCL's names and numbering under the `bcl` prefix.
 
+use bcl_core::health::Cause;
 use bcl_core::{DataType, Error, ReduceOp};
 use std::ffi::c_int;
 
@@ -16,7 +17,8 @@ pub const BCL_DEVICE_ERROR: BclResult = 7;
 pub const BCL_POISONED: BclResult = 8;
 pub const BCL_UNAVAILABLE: BclResult = 9;
 pub const BCL_INTERNAL_ERROR: BclResult = 10;
-pub const BCL_NUM_RESULTS: BclResult = 11;
+pub const BCL_REMOTE_ERROR: BclResult = 11;
+pub const BCL_NUM_RESULTS: BclResult = 12;
 
 /// The code of a core error (one to one).
 pub fn code_of(e: &Error) -> BclResult {
@@ -27,6 +29,11 @@ pub fn code_of(e: &Error) -> BclResult {
         Error::Link { .. } => BCL_LINK_ERROR,
         Error::Mismatch { .. } => BCL_MISMATCH,
         Error::Timeout { .. } => BCL_TIMEOUT,
+        Error::Fault {
+            cause: Cause::Desync,
+            ..
+        } => BCL_MISMATCH,
+        Error::Fault { .. } => BCL_REMOTE_ERROR,
         Error::Device { .. } => BCL_DEVICE_ERROR,
         Error::Poisoned(_) => BCL_POISONED,
         Error::Unavailable(_) => BCL_UNAVAILABLE,
@@ -48,6 +55,9 @@ pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
         BCL_POISONED => c"the communicator is unusable after an earlier error",
         BCL_UNAVAILABLE => c"a backend or transport is unavailable",
         BCL_INTERNAL_ERROR => c"internal error (a BCL bug)",
+        BCL_REMOTE_ERROR => {
+            c"another rank died, hung, lost its link or aborted (the verdict names it and why)"
+        }
         _ => c"unknown result code",
     }
 }

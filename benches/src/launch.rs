@@ -6,7 +6,7 @@ use crate::table::Measurement;
 use bcl_core::{Communicator, UniqueId};
 use std::io::Write;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a run ended with.
 #[derive(Debug)]
@@ -179,6 +179,16 @@ pub fn run_processes(args: &Args) -> Outcome {
             s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT))
                 .map(|s| (r, s))
         }) {
+            // The other ranks learn the verdict from the health layer and print it as they
+            // fail; give them that long before stopping them.
+            let grace = Instant::now() + FAILURE_GRACE;
+            while Instant::now() < grace
+                && children
+                    .iter_mut()
+                    .any(|c| matches!(c.try_wait(), Ok(None)))
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             stop(&mut children);
             return Outcome::Failed(format!("rank {rank} exited with {s}"));
         }
@@ -193,6 +203,10 @@ pub fn run_processes(args: &Args) -> Outcome {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// How long the other ranks may take to report a failure (the health layer's hang timeout
+/// and diagnosis fit in it) before they are stopped.
+const FAILURE_GRACE: Duration = Duration::from_secs(5);
 
 /// Exit code of a rank whose results were wrong.
 pub const WRONG_EXIT: i32 = 3;

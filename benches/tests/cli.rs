@@ -188,3 +188,79 @@ fn bad_flags_are_refused() {
         assert!(!err.is_empty(), "{args:?}: no error message");
     }
 }
+
+#[test]
+fn a_worker_killed_mid_sweep_makes_the_bench_print_the_verdict_and_fail() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let mut bench = Command::new(BENCH)
+        .args([
+            "allreduce",
+            "--nranks",
+            "3",
+            "-b",
+            "4M",
+            "-e",
+            "4M",
+            "-n",
+            "100000",
+            "-w",
+            "1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run bcl-bench");
+    // Find the rank processes (children of the launcher) once they are all up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let workers = loop {
+        let out = Command::new("pgrep")
+            .args(["-P", &bench.id().to_string()])
+            .output()
+            .expect("pgrep (procps)");
+        let pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        if pids.len() == 3 {
+            break pids;
+        }
+        assert!(Instant::now() < deadline, "the 3 ranks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = &workers[1];
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", victim])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = bench.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = bench.kill();
+            panic!("bcl-bench did not exit after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    bench
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    assert!(
+        !status.success(),
+        "bcl-bench succeeded without a rank: {err}"
+    );
+    assert!(
+        err.contains(&format!("pid {victim}, cpu:")) && err.contains(") died"),
+        "no verdict naming the killed rank (pid {victim}): {err}"
+    );
+}

@@ -5,6 +5,8 @@
 //! the closed form of `bcl_bench::pattern`. Failures are collected, not panicked, so one wrong
 //! case does not leave the other ranks waiting.
 
+pub mod procs;
+
 use bcl_bench::buffers::{Placement, RankBuffers};
 use bcl_bench::with_element_type;
 use bcl_core::{

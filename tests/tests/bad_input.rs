@@ -1,6 +1,7 @@
 //! Bad input and injected faults: each gives a clear error naming what was wrong, nothing is
 //! corrupted, and no call hangs.
 
+use bcl_core::health::Cause;
 use bcl_core::schedule::Algorithm;
 use bcl_core::{CommConfig, Communicator, Error, MemFabric, ReduceOp, TransportKind, UniqueId};
 use bcl_tests::{Setup, test_config};
@@ -71,7 +72,7 @@ fn wrong_lengths_and_ranks_are_invalid_arguments_and_change_nothing() {
 }
 
 #[test]
-fn mismatched_counts_and_dtypes_between_ranks_fail_naming_the_peer_then_poison() {
+fn mismatched_dtypes_between_ranks_fail_naming_both_signatures_then_poison() {
     let comms = Communicator::init_threads_with(2, |r| short(Setup::TcpCpu, r)).expect("init");
     let results = each(&comms, |r, c| {
         if r == 0 {
@@ -84,12 +85,24 @@ fn mismatched_counts_and_dtypes_between_ranks_fail_naming_the_peer_then_poison()
         let e = res.expect_err("dtype mismatch must fail");
         let other = 1 - r;
         assert!(
-            matches!(e, Error::Mismatch { .. } | Error::Timeout { .. }),
+            matches!(
+                e,
+                Error::Fault {
+                    cause: Cause::Desync,
+                    ..
+                }
+            ),
+            "rank {r}: {e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("rank {other} (host")),
             "rank {r}: {e}"
         );
         assert!(
-            e.to_string().contains(&format!("rank {other} (host")),
-            "rank {r}: {e}"
+            text.contains("allreduce #1 (64 x float sum")
+                && text.contains("allreduce #1 (64 x double sum"),
+            "rank {r} does not name both signatures: {e}"
         );
     }
     // Poisoned: later calls fail at once, naming the first fault.
@@ -121,38 +134,37 @@ fn allreduce_without_rank_2(algorithm: Algorithm) -> Vec<Result<(), Error>> {
     })
 }
 
+/// Rank 2's thread still answers on the health channel: the dropped links are link failures
+/// between two live ranks, and the verdict reaches every rank in the operation.
 fn assert_names_link_to_rank_2(results: &[Result<(), Error>], rank: usize) {
-    let e = results[rank]
-        .as_ref()
-        .expect_err("a rank that needs the dropped rank");
-    assert!(matches!(e, Error::Link { .. }), "rank {rank}: {e}");
+    let e = results[rank].as_ref().expect_err("a rank in the operation");
     assert!(
-        e.to_string().contains("link to rank 2 (host"),
+        matches!(
+            e,
+            Error::Fault {
+                cause: Cause::LinkDown,
+                ..
+            }
+        ),
         "rank {rank}: {e}"
     );
+    let text = e.to_string();
+    assert!(text.contains("link between rank "), "rank {rank}: {e}");
+    assert!(text.contains("rank 2 (host"), "rank {rank}: {e}");
     assert!(
-        e.to_string().contains("allreduce(sum) #1"),
+        text.contains("allreduce #1 (1000 x uint32"),
         "rank {rank}: {e}"
     );
 }
 
 #[test]
-fn a_dropped_peer_fails_the_ranks_that_need_it_with_a_link_error_naming_it() {
-    // Ring 0-1-2-3: rank 2's neighbours are 1 and 3; rank 0 waits on them and fails too.
-    let ring = allreduce_without_rank_2(Algorithm::Ring);
-    assert_names_link_to_rank_2(&ring, 1);
-    assert_names_link_to_rank_2(&ring, 3);
-    assert!(
-        ring[0].is_err(),
-        "rank 0 cannot finish without rank 2's data"
-    );
-    // Recursive doubling: rank 2's partners are 3 (round 1) and 0 (round 2); rank 1 waits
-    // for rank 3 and names it.
-    let rd = allreduce_without_rank_2(Algorithm::RecursiveDoubling);
-    assert_names_link_to_rank_2(&rd, 3);
-    assert_names_link_to_rank_2(&rd, 0);
-    let e = rd[1].as_ref().expect_err("rank 1 cannot finish");
-    assert!(e.to_string().contains("rank 3 (host"), "rank 1: {e}");
+fn a_dropped_peer_fails_every_rank_with_a_link_verdict_naming_it() {
+    for algorithm in [Algorithm::Ring, Algorithm::RecursiveDoubling] {
+        let results = allreduce_without_rank_2(algorithm);
+        for rank in [0, 1, 3] {
+            assert_names_link_to_rank_2(&results, rank);
+        }
+    }
 }
 
 #[test]
@@ -273,4 +285,37 @@ fn both_ranks_send_then_receive_without_mismatching() {
     });
     assert_eq!(results[0].as_ref().expect("rank 0"), &8);
     assert_eq!(results[1].as_ref().expect("rank 1"), &7);
+}
+
+#[test]
+fn strangers_on_the_health_port_are_refused_and_change_nothing() {
+    use std::io::{Read, Write};
+    let comms = Communicator::init_threads_with(2, |r| short(Setup::TcpCpu, r)).expect("init");
+    let health: std::net::SocketAddr = comms[0].peers()[0]
+        .health
+        .as_deref()
+        .expect("health channel on by default")
+        .parse()
+        .expect("address");
+    // Garbage, a wrong-secret client, and a silent connection that is left open.
+    let mut garbage = std::net::TcpStream::connect(health).expect("connect");
+    garbage.write_all(&[0xff; 4096]).expect("write");
+    let mut wrong = std::net::TcpStream::connect(health).expect("connect");
+    let refused =
+        bcl_transport::auth::exchange::client(&mut wrong, &Secret([9; 16]), b"bcl-health-v1");
+    assert!(refused.is_err(), "a client without the secret was accepted");
+    let _silent = std::net::TcpStream::connect(health).expect("connect");
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut sink = Vec::new();
+    let _ = garbage.read_to_end(&mut sink);
+    let results = each(&comms, |_, c| {
+        let mut v = [2u64; 16];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).map(|_| v)
+    });
+    for r in results {
+        assert_eq!(r.expect("allreduce after strangers"), [4u64; 16]);
+    }
+    assert!(comms[0].async_error().is_none() && comms[1].async_error().is_none());
 }

@@ -12,6 +12,7 @@ mod memory;
 pub use memory::{Bindings, Memory};
 
 use crate::schedule::{Action, Plan, Region};
+use crate::signature::Signature;
 use bcl_backends::{Accelerator, DataType, DeviceError, ReduceOp, Stream, kernels};
 use bcl_transport::{Tag, Transport, TransportError};
 use std::time::Instant;
@@ -26,6 +27,12 @@ pub enum ExecError {
         peer: usize,
         got: usize,
         expected: usize,
+    },
+    /// A peer's first message of this operation says it runs a different one (`None`: what
+    /// it sent is not a signature at all).
+    Desync {
+        peer: usize,
+        theirs: Option<Signature>,
     },
     /// A plan used a buffer the caller did not bind (a core bug or a bad call).
     Binding(String),
@@ -54,7 +61,18 @@ pub struct OpContext<'a> {
     pub world: usize,
     pub accelerator: &'a dyn Accelerator,
     pub stream: Stream,
+    /// This rank, and what it runs: sent to every peer before any data, and compared with
+    /// what each peer sends.
+    pub rank: usize,
+    pub signature: Signature,
 }
+
+/// The tag of an operation's signature message (plans number their messages from 0 up).
+const SIGNATURE_TAG: u32 = u32::MAX;
+
+/// Per peer: the signature still has to be sent to it / received from it.
+const SIGNATURE_TO_SEND: u8 = 1;
+const SIGNATURE_AWAITED: u8 = 2;
 
 impl OpContext<'_> {
     fn tag(&self, tag: u32) -> Tag {
@@ -80,22 +98,37 @@ pub struct Executor<'p> {
     done: Vec<bool>,
     finished: usize,
     staging: Vec<u8>,
+    /// Signature exchange state per peer (`SIGNATURE_*` bits), and the peers still pending.
+    signature_state: Vec<u8>,
+    signature_peers: Vec<usize>,
     /// When a step last completed (for the health layer and timeouts).
     pub last_progress: Instant,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
+    /// Bytes sent to and received from each peer (indexed by rank).
+    peer_bytes: Vec<[u64; 2]>,
 }
 
 impl<'p> Executor<'p> {
-    pub fn new(plan: &'p Plan) -> Self {
+    pub fn new(plan: &'p Plan, world: usize) -> Self {
         let n = plan.steps.len();
         let mut dependents = vec![Vec::new(); n];
         let mut waiting_for = vec![0; n];
+        let mut signature_state = vec![0u8; world];
+        let mut signature_peers = Vec::new();
         for (i, step) in plan.steps.iter().enumerate() {
             waiting_for[i] = step.deps.len();
             for &d in &step.deps {
                 dependents[d].push(i);
             }
+            let (peer, tag, bit) = match step.action {
+                Action::Send { peer, tag, .. } => (peer, tag, SIGNATURE_TO_SEND),
+                Action::Recv { peer, tag, .. } => (peer, tag, SIGNATURE_AWAITED),
+                _ => continue,
+            };
+            debug_assert_ne!(tag, SIGNATURE_TAG, "a plan used the signature's tag");
+            if signature_state[peer] == 0 {
+                signature_peers.push(peer);
+            }
+            signature_state[peer] |= bit;
         }
         let ready = (0..n).filter(|i| waiting_for[*i] == 0).collect();
         Executor {
@@ -106,10 +139,23 @@ impl<'p> Executor<'p> {
             done: vec![false; n],
             finished: 0,
             staging: Vec::new(),
+            signature_state,
+            signature_peers,
             last_progress: Instant::now(),
-            bytes_sent: 0,
-            bytes_received: 0,
+            peer_bytes: vec![[0; 2]; world],
         }
+    }
+
+    /// Bytes this operation moved per peer so far.
+    pub fn peer_bytes(&self) -> impl Iterator<Item = crate::health::PeerBytes> + '_ {
+        self.peer_bytes
+            .iter()
+            .enumerate()
+            .map(|(peer, b)| crate::health::PeerBytes {
+                peer,
+                sent: b[0],
+                received: b[1],
+            })
     }
 
     pub fn is_done(&self) -> bool {
@@ -167,6 +213,9 @@ impl<'p> Executor<'p> {
         ctx: &OpContext<'_>,
     ) -> Result<bool, ExecError> {
         let mut moved = transport.progress()?;
+        if !self.signature_peers.is_empty() {
+            moved |= self.exchange_signatures(transport, ctx)?;
+        }
         let mut i = 0;
         while i < self.ready.len() {
             let step = self.ready[i];
@@ -192,6 +241,45 @@ impl<'p> Executor<'p> {
         Ok(moved)
     }
 
+    /// Send this operation's signature to every peer it sends to, and check the signature of
+    /// every peer it receives from, before any data moves on that link.
+    fn exchange_signatures(
+        &mut self,
+        transport: &mut dyn Transport,
+        ctx: &OpContext<'_>,
+    ) -> Result<bool, ExecError> {
+        let mut moved = false;
+        let mut k = 0;
+        while k < self.signature_peers.len() {
+            let peer = self.signature_peers[k];
+            let state = &mut self.signature_state[peer];
+            if *state & SIGNATURE_TO_SEND != 0
+                && transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())?
+            {
+                *state &= !SIGNATURE_TO_SEND;
+                moved = true;
+            }
+            if *state & SIGNATURE_AWAITED != 0
+                && let Some(message) = transport.try_recv(peer, ctx.tag(SIGNATURE_TAG))?
+            {
+                let theirs = Signature::decode(&message.data);
+                transport.release(message);
+                match theirs {
+                    Some(t) if ctx.signature.matches(ctx.rank, peer, &t) => {}
+                    theirs => return Err(ExecError::Desync { peer, theirs }),
+                }
+                *state &= !SIGNATURE_AWAITED;
+                moved = true;
+            }
+            if *state & (SIGNATURE_TO_SEND | SIGNATURE_AWAITED) == 0 {
+                self.signature_peers.swap_remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        Ok(moved)
+    }
+
     fn run_step(
         &mut self,
         index: usize,
@@ -202,11 +290,14 @@ impl<'p> Executor<'p> {
         let esize = ctx.dtype.size();
         match &self.plan.steps[index].action {
             Action::Send { peer, tag, from } => {
+                if self.signature_state[*peer] & SIGNATURE_TO_SEND != 0 {
+                    return Ok(false);
+                }
                 let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
                 let len = bytes.len();
                 let sent = transport.try_send(*peer, ctx.tag(*tag), bytes)?;
                 if sent {
-                    self.bytes_sent += len as u64;
+                    self.peer_bytes[*peer][0] += len as u64;
                 }
                 Ok(sent)
             }
@@ -216,6 +307,9 @@ impl<'p> Executor<'p> {
                 into,
                 reduce,
             } => {
+                if self.signature_state[*peer] & SIGNATURE_AWAITED != 0 {
+                    return Ok(false);
+                }
                 let Some(message) = transport.try_recv(*peer, ctx.tag(*tag))? else {
                     return Ok(false);
                 };
@@ -234,7 +328,7 @@ impl<'p> Executor<'p> {
                 };
                 transport.release(message);
                 result?;
-                self.bytes_received += got as u64;
+                self.peer_bytes[*peer][1] += got as u64;
                 Ok(true)
             }
             Action::Copy { from, to } => {

@@ -48,6 +48,11 @@ impl Collective {
         }
     }
 
+    /// Send and receive involve two ranks and count in their own sequence.
+    pub fn is_point_to_point(&self) -> bool {
+        matches!(self, Collective::Send { .. } | Collective::Recv { .. })
+    }
+
     /// The reduce operation, for collectives that reduce.
     pub fn reduce_op(&self) -> Option<ReduceOp> {
         match self {
@@ -117,6 +122,15 @@ pub enum Algorithm {
     /// Recursive doubling for allreduce: log2(n) exchanges of the whole buffer,
     /// latency-optimal for small messages. Other collectives use their ring/chain plans.
     RecursiveDoubling,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "rd",
+        }
+    }
 }
 
 impl std::str::FromStr for Algorithm {

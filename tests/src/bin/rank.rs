@@ -1,17 +1,63 @@
-//! One rank as a real process, for the multi-process tests. Reads the launcher variables
-//! (`BCL_RANK`, `BCL_WORLD_SIZE`, `BCL_UNIQUE_ID`, `BCL_*` settings) and runs the scenario
-//! named by `BCL_TEST_SCENARIO`:
+//! One rank as a real process, for the multi-process and fault tests. Reads the launcher
+//! variables (`BCL_RANK`, `BCL_WORLD_SIZE`, `BCL_UNIQUE_ID`, `BCL_*` settings) and runs the
+//! scenario named by `BCL_TEST_SCENARIO`:
 //! * `suite`: the conformance cases up to 1000 elements; exit 0 when all pass, 1 otherwise;
-//! * `loop`: 16 MiB fp32 allreduces until `BCL_TEST_ITERS` are done, printing `ready` after
-//!   the first; exit 0, or 7 with the error on stderr when a collective fails.
+//! * `loop`: fp32 allreduces of `BCL_TEST_ELEMS` (default 4 Mi) until `BCL_TEST_ITERS` are
+//!   done, printing `ready` after the first;
+//! * `sleepy`: three allreduces; rank `BCL_TEST_SLEEPER` sleeps `BCL_TEST_SLEEP_MS` in "user
+//!   code" before the second;
+//! * `desync`: one good allreduce, then rank 1 calls something else than the others, as
+//!   `BCL_TEST_DESYNC` says: `op`, `count`, `dtype`, `root`, `extra` (an extra barrier first),
+//!   then a barrier.
 //!
-//! Exit 4: init failed (the error is on stderr).
+//! Exit 0: done; 4: init failed; 7: a collective failed. Errors go to stderr as
+//! `rank R error after E ms at T ms: ...` (E: since the failed call began; T: Unix time).
+//! Log output (warnings included) goes to stderr too (`BCL_LOG` filters it).
 
 use bcl_core::{Communicator, ReduceOp};
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Run `call`; on error print it with its timing and return exit code 7.
+fn checked(rank: usize, call: impl FnOnce() -> bcl_core::Result<()>) -> Result<(), ExitCode> {
+    let start = Instant::now();
+    call().map_err(|e| {
+        eprintln!(
+            "rank {rank} error after {} ms at {} ms: {e}",
+            start.elapsed().as_millis(),
+            unix_ms()
+        );
+        ExitCode::from(7)
+    })
+}
+
+fn ready() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+}
 
 fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BCL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
     let comm = match Communicator::init_from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -20,45 +66,93 @@ fn main() -> ExitCode {
         }
     };
     let scenario = std::env::var("BCL_TEST_SCENARIO").unwrap_or_default();
-    match scenario.as_str() {
-        "suite" => {
-            let cases: Vec<_> = bcl_tests::cases(comm.world_size())
-                .into_iter()
-                .filter(|c| c.count <= 1000)
-                .collect();
-            let failures = bcl_tests::run_cases(std::slice::from_ref(&comm), &cases);
-            for f in &failures {
-                eprintln!("{f}");
-            }
-            println!(
-                "rank {} ran {} cases, {} failed",
-                comm.rank(),
-                cases.len(),
-                failures.len()
-            );
-            ExitCode::from(u8::from(!failures.is_empty()))
-        }
-        "loop" => {
-            let iters: usize = std::env::var("BCL_TEST_ITERS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1000);
-            let mut buf = vec![1.0f32; 4 << 20];
-            for i in 0..iters {
-                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
-                    eprintln!("rank {} error: {e}", comm.rank());
-                    return ExitCode::from(7);
-                }
-                if i == 0 {
-                    println!("ready");
-                    let _ = std::io::stdout().flush();
-                }
-            }
-            ExitCode::SUCCESS
-        }
+    let outcome = match scenario.as_str() {
+        "suite" => return suite(&comm),
+        "loop" => run_loop(&comm),
+        "sleepy" => sleepy(&comm),
+        "desync" => desync(&comm),
         other => {
-            eprintln!("unknown BCL_TEST_SCENARIO '{other}' (suite, loop)");
-            ExitCode::from(2)
+            eprintln!("unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync)");
+            return ExitCode::from(2);
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+fn suite(comm: &Communicator) -> ExitCode {
+    let cases: Vec<_> = bcl_tests::cases(comm.world_size())
+        .into_iter()
+        .filter(|c| c.count <= 1000)
+        .collect();
+    let failures = bcl_tests::run_cases(std::slice::from_ref(comm), &cases);
+    for f in &failures {
+        eprintln!("{f}");
+    }
+    println!(
+        "rank {} ran {} cases, {} failed",
+        comm.rank(),
+        cases.len(),
+        failures.len()
+    );
+    ExitCode::from(u8::from(!failures.is_empty()))
+}
+
+fn run_loop(comm: &Communicator) -> Result<(), ExitCode> {
+    let iters: usize = var("BCL_TEST_ITERS", 1000);
+    let mut buf = vec![1.0f32; var("BCL_TEST_ELEMS", 4 << 20)];
+    for i in 0..iters {
+        checked(comm.rank(), || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Max)
+        })?;
+        if i == 0 {
+            ready();
         }
     }
+    println!("done {iters}");
+    Ok(())
+}
+
+fn sleepy(comm: &Communicator) -> Result<(), ExitCode> {
+    let sleeper: usize = var("BCL_TEST_SLEEPER", 1);
+    let mut buf = vec![1i32; 1000];
+    for i in 0..3 {
+        if i == 1 && comm.rank() == sleeper {
+            std::thread::sleep(Duration::from_millis(var("BCL_TEST_SLEEP_MS", 5000)));
+        }
+        checked(comm.rank(), || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        })?;
+    }
+    Ok(())
+}
+
+fn desync(comm: &Communicator) -> Result<(), ExitCode> {
+    let rank = comm.rank();
+    let mut buf = vec![1.0f32; 1000];
+    checked(rank, || comm.all_reduce_in_place(&mut buf, ReduceOp::Sum))?;
+    ready();
+    let odd = rank == 1;
+    let variant = std::env::var("BCL_TEST_DESYNC").unwrap_or_default();
+    checked(rank, || match variant.as_str() {
+        "op" => comm.all_reduce_in_place(&mut buf, if odd { ReduceOp::Max } else { ReduceOp::Sum }),
+        "count" => {
+            comm.all_reduce_in_place(&mut buf[..if odd { 999 } else { 1000 }], ReduceOp::Sum)
+        }
+        "dtype" if odd => comm.all_reduce_in_place(&mut vec![1.0f64; 1000], ReduceOp::Sum),
+        "dtype" => comm.all_reduce_in_place(&mut buf, ReduceOp::Sum),
+        "root" => comm.broadcast_in_place(&mut buf, usize::from(odd)),
+        "extra" => {
+            if odd {
+                comm.barrier()?;
+            }
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        }
+        other => panic!("unknown BCL_TEST_DESYNC '{other}'"),
+    })?;
+    // A rank whose part of the call only sends (a broadcast's root) can finish it before
+    // anyone has compared signatures; its next call fails with the verdict.
+    checked(rank, || comm.barrier())
 }

@@ -1,0 +1,306 @@
+//! The health thread: accepts connections, keeps the neighbour links (heartbeats both ways,
+//! silence and loss detection), floods verdicts along the ring. Slow work (handshakes,
+//! probes, diagnoses, deliveries) runs on short-lived helper threads, each bounded by the
+//! probe timeout, so the heartbeats never wait.
+
+use super::Inner;
+use super::diagnose::{self, Diagnosis, Symptom};
+use super::verdict::Verdict;
+use super::wire::{self, FrameReader, Message, Purpose};
+use std::io::{self, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Run `work` on a helper thread counted in `inner.helpers` (shutdown waits for them).
+pub(super) fn spawn_helper(inner: &Arc<Inner>, what: &str, work: impl FnOnce() + Send + 'static) {
+    struct Count(Arc<Inner>);
+    impl Drop for Count {
+        fn drop(&mut self) {
+            self.0.helpers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    inner.helpers.fetch_add(1, Ordering::AcqRel);
+    let count = Count(inner.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("bcl-health-{what}"))
+        .spawn(move || {
+            let _count = count;
+            work();
+        });
+    if let Err(e) = spawned {
+        // The closure (and its count) was dropped with the error.
+        tracing::warn!(
+            rank = inner.rank,
+            "cannot start a health helper thread: {e}"
+        );
+    }
+}
+
+/// One neighbour connection.
+struct Link {
+    peer: usize,
+    stream: TcpStream,
+    reader: FrameReader,
+    unsent: Vec<u8>,
+    last_heard: Instant,
+    last_sent: Instant,
+    suspected: bool,
+    said_goodbye: bool,
+}
+
+impl Link {
+    fn queue(&mut self, message: &Message) {
+        if let Ok(bytes) = wire::encode(message) {
+            self.unsent.extend_from_slice(&bytes);
+        }
+    }
+
+    /// Write what is queued, as far as the socket takes it.
+    fn flush(&mut self) -> io::Result<()> {
+        while !self.unsent.is_empty() {
+            match self.stream.write(&self.unsent) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.unsent.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The health thread's loop, until shutdown.
+pub(super) fn run(inner: Arc<Inner>, listener: TcpListener) {
+    let heartbeat = inner.config.heartbeat;
+    let tick = (heartbeat / 4).clamp(Duration::from_millis(1), Duration::from_millis(10));
+    let mut links: Vec<Link> = Vec::new();
+    loop {
+        if inner.stop.load(Ordering::Acquire) {
+            say_goodbye(&inner, links);
+            return;
+        }
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let inner2 = inner.clone();
+                    spawn_helper(&inner, "accept", move || handshake(&inner2, stream, from));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(rank = inner.rank, "health accept failed: {e}");
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        for (peer, stream) in inner.new_links.lock().drain(..) {
+            links.push(Link {
+                peer,
+                stream,
+                reader: FrameReader::default(),
+                unsent: Vec::new(),
+                last_heard: now,
+                last_sent: now - heartbeat,
+                suspected: false,
+                said_goodbye: false,
+            });
+        }
+        let flood: Vec<(Verdict, Option<usize>)> = std::mem::take(&mut *inner.to_flood.lock());
+        for (verdict, from) in &flood {
+            for link in links.iter_mut().filter(|l| Some(l.peer) != *from) {
+                link.queue(&Message::Verdict(verdict.clone()));
+            }
+        }
+        let state = links
+            .iter()
+            .any(|l| now.duration_since(l.last_sent) >= heartbeat)
+            .then(|| inner.state());
+        let mut closed = Vec::new();
+        for (i, link) in links.iter_mut().enumerate() {
+            if let Some(state) = &state
+                && now.duration_since(link.last_sent) >= heartbeat
+            {
+                link.queue(&Message::Heartbeat(state.clone()));
+                link.last_sent = now;
+            }
+            let outcome = link
+                .flush()
+                .and_then(|()| link.reader.fill(&mut link.stream))
+                .and_then(|open| {
+                    while let Some(message) = link.reader.next_message()? {
+                        on_message(&inner, link, message);
+                    }
+                    Ok(open)
+                });
+            match outcome {
+                Ok(true) => {}
+                Ok(false) => closed.push((i, "connection closed".to_string())),
+                Err(e) => closed.push((i, e.to_string())),
+            }
+            let silent = link.last_heard.elapsed();
+            if !link.suspected && !link.said_goodbye && silent > inner.config.hang_timeout {
+                link.suspected = true;
+                suspect(&inner, link.peer, Symptom::Silent(silent));
+            }
+        }
+        for (i, reason) in closed.into_iter().rev() {
+            let link = links.swap_remove(i);
+            if !link.said_goodbye && !inner.stop.load(Ordering::Acquire) {
+                suspect(&inner, link.peer, Symptom::ConnectionLost(reason));
+            }
+        }
+        std::thread::sleep(tick);
+    }
+}
+
+/// Pass on the last verdicts, say goodbye, and close each link gracefully: our side first,
+/// then read until the neighbour closes too, so that nothing unread turns the close into a
+/// reset that would destroy the goodbye in flight.
+fn say_goodbye(inner: &Inner, mut links: Vec<Link>) {
+    let flood: Vec<(Verdict, Option<usize>)> = std::mem::take(&mut *inner.to_flood.lock());
+    for link in &mut links {
+        for (verdict, from) in &flood {
+            if Some(link.peer) != *from {
+                link.queue(&Message::Verdict(verdict.clone()));
+            }
+        }
+        link.queue(&Message::Goodbye);
+        let linger = Some(Duration::from_millis(100));
+        let _ = link.stream.set_nonblocking(false);
+        let _ = link.stream.set_write_timeout(linger);
+        let _ = link.stream.set_read_timeout(linger);
+        let _ = link.flush();
+        let _ = link.stream.shutdown(std::net::Shutdown::Write);
+    }
+    let end = Instant::now() + Duration::from_millis(100);
+    for link in &mut links {
+        let mut sink = [0u8; 4096];
+        while Instant::now() < end {
+            match io::Read::read(&mut link.stream, &mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+fn on_message(inner: &Arc<Inner>, link: &mut Link, message: Message) {
+    link.last_heard = Instant::now();
+    match message {
+        Message::Heartbeat(_) => link.suspected = false,
+        Message::Verdict(v) => {
+            inner.accept(v, Some(link.peer));
+        }
+        Message::Goodbye => {
+            link.said_goodbye = true;
+            inner.departed.lock().push(link.peer);
+        }
+        other => tracing::debug!(
+            rank = inner.rank,
+            peer = link.peer,
+            "unexpected health message {other:?}"
+        ),
+    }
+}
+
+/// Diagnose `peer` on a helper thread; a fault found becomes the verdict.
+fn suspect(inner: &Arc<Inner>, peer: usize, symptom: Symptom) {
+    if inner.faulted.load(Ordering::Acquire) {
+        return;
+    }
+    tracing::debug!(rank = inner.rank, peer, ?symptom, "suspecting a peer");
+    let inner2 = inner.clone();
+    spawn_helper(inner, "diagnose", move || {
+        // A peer that fails on purpose (a desync it found, an abort) sends its verdict just
+        // before it goes: give it a moment to arrive rather than blame the messenger.
+        if matches!(symptom, Symptom::ConnectionLost(_))
+            && inner2.await_verdict(Duration::from_millis(100))
+        {
+            return;
+        }
+        if let Diagnosis::Fault(v) = diagnose::diagnose(&inner2, peer, symptom) {
+            inner2.accept(v, None);
+        }
+    });
+}
+
+/// Serve one accepted connection: authenticate, then do what its hello asks.
+fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAddr) {
+    let timeout = Some(inner.probe_timeout * 2);
+    let setup = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(timeout))
+        .and_then(|()| stream.set_write_timeout(timeout))
+        .and_then(|()| stream.set_nodelay(true))
+        .and_then(|()| {
+            bcl_transport::auth::exchange::server(&mut stream, &inner.secret, wire::AUTH_CONTEXT)
+        })
+        .and_then(|()| wire::receive(&mut stream));
+    let (peer, purpose) = match setup {
+        Ok(Message::Hello { from, purpose }) => (from as usize, purpose),
+        Ok(other) => {
+            tracing::warn!(rank = inner.rank, %from, "health connection began with {other:?}; closed");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(rank = inner.rank, %from, "refused a health connection: {e}");
+            return;
+        }
+    };
+    let served = match purpose {
+        Purpose::Watch => stream.set_nonblocking(true).map(|()| {
+            inner.new_links.lock().push((peer, stream));
+        }),
+        Purpose::Query => wire::send(&mut stream, &Message::State(inner.state())),
+        Purpose::Probe { target } => {
+            let seen = diagnose::query(inner, target as usize);
+            wire::send(&mut stream, &Message::ProbeResult { target, seen })
+        }
+        Purpose::Deliver => wire::receive(&mut stream).map(|m| {
+            if let Message::Verdict(v) = m {
+                inner.accept(v, Some(peer));
+            }
+        }),
+    };
+    if let Err(e) = served {
+        tracing::debug!(rank = inner.rank, peer, "health request failed: {e}");
+    }
+}
+
+/// Hand `verdict` to every other rank directly (the ring flood reaches the rest).
+pub(super) fn deliver(inner: &Arc<Inner>, verdict: &Verdict) {
+    let world = inner.peers().len();
+    for rank in (0..world).filter(|r| *r != inner.rank) {
+        let skip = verdict.ranks.contains(&rank)
+            && matches!(
+                verdict.cause,
+                super::Cause::Died | super::Cause::Unresponsive
+            );
+        if skip || inner.is_departed(rank) {
+            continue;
+        }
+        let Some(addr) = inner.health_address(rank) else {
+            continue;
+        };
+        let sent = wire::dial(
+            addr,
+            &inner.secret,
+            inner.rank,
+            Purpose::Deliver,
+            inner.probe_timeout,
+        )
+        .and_then(|mut s| wire::send(&mut s, &Message::Verdict(verdict.clone())));
+        if let Err(e) = sent {
+            tracing::debug!(
+                rank = inner.rank,
+                to = rank,
+                "verdict not delivered directly: {e}"
+            );
+        }
+    }
+}

@@ -319,3 +319,32 @@ fn strangers_on_the_health_port_are_refused_and_change_nothing() {
     }
     assert!(comms[0].async_error().is_none() && comms[1].async_error().is_none());
 }
+
+#[test]
+fn a_desync_on_large_messages_is_caught_by_the_separate_signature_frame() {
+    // 4 MiB per rank: the signature travels in its own frame ahead of the data.
+    let comms = Communicator::init_threads_with(3, |r| short(Setup::TcpCpu, r)).expect("init");
+    let results = each(&comms, |r, c| {
+        let op = if r == 2 { ReduceOp::Max } else { ReduceOp::Sum };
+        c.all_reduce_in_place(&mut vec![1f32; 1 << 20], op)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        let e = res.expect_err("op mismatch must fail");
+        assert!(
+            matches!(
+                e,
+                Error::Fault {
+                    cause: Cause::Desync,
+                    ..
+                }
+            ),
+            "rank {r}: {e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("allreduce #1 (1048576 x float max")
+                && text.contains("allreduce #1 (1048576 x float sum"),
+            "rank {r}: {e}"
+        );
+    }
+}

@@ -12,9 +12,9 @@ mod memory;
 pub use memory::{Bindings, Memory};
 
 use crate::schedule::{Action, Plan, Region};
-use crate::signature::Signature;
+use crate::signature::{SIGNATURE_BYTES, Signature};
 use bcl_backends::{Accelerator, DataType, DeviceError, ReduceOp, Stream, kernels};
-use bcl_transport::{Tag, Transport, TransportError};
+use bcl_transport::{Received, Tag, Transport, TransportError};
 use std::time::Instant;
 
 /// Why a step failed; the communicator turns it into an [`crate::Error`] naming the peers.
@@ -67,8 +67,16 @@ pub struct OpContext<'a> {
     pub signature: Signature,
 }
 
-/// The tag of an operation's signature message (plans number their messages from 0 up).
+/// The tag of an operation's signature message, the same whatever the operation (plans
+/// number their messages from 0 up), so ranks that disagree still meet on it. Its payload is
+/// the signature, then, for a small first message, that message's own tag and data: one frame
+/// and no extra syscall on the latency path. Larger first messages follow the signature in
+/// their own frame, which costs less than copying them.
 const SIGNATURE_TAG: u32 = u32::MAX;
+/// The largest first message carried inside the signature message.
+const BUNDLE_MAX: usize = 16 << 10;
+/// Signature, then the carried message's tag.
+const BUNDLE_HEADER: usize = SIGNATURE_BYTES + 4;
 
 /// Per peer: the signature still has to be sent to it / received from it.
 const SIGNATURE_TO_SEND: u8 = 1;
@@ -98,7 +106,13 @@ pub struct Executor<'p> {
     done: Vec<bool>,
     finished: usize,
     staging: Vec<u8>,
-    /// Signature exchange state per peer (`SIGNATURE_*` bits), and the peers still pending.
+    /// A small message with the signature in front.
+    bundle: Vec<u8>,
+    /// Messages that arrived inside a signature message, waiting for their receive step:
+    /// (peer, tag, message); at most one per peer.
+    carried: Vec<(usize, u32, Received)>,
+    /// Signature exchange state per peer (`SIGNATURE_*` bits), and the peers whose
+    /// signature has not arrived yet (the operation is not done before they have).
     signature_state: Vec<u8>,
     signature_peers: Vec<usize>,
     /// When a step last completed (for the health layer and timeouts).
@@ -125,7 +139,7 @@ impl<'p> Executor<'p> {
                 _ => continue,
             };
             debug_assert_ne!(tag, SIGNATURE_TAG, "a plan used the signature's tag");
-            if signature_state[peer] == 0 {
+            if bit == SIGNATURE_AWAITED && signature_state[peer] & bit == 0 {
                 signature_peers.push(peer);
             }
             signature_state[peer] |= bit;
@@ -139,6 +153,8 @@ impl<'p> Executor<'p> {
             done: vec![false; n],
             finished: 0,
             staging: Vec::new(),
+            bundle: Vec::new(),
+            carried: Vec::new(),
             signature_state,
             signature_peers,
             last_progress: Instant::now(),
@@ -159,7 +175,7 @@ impl<'p> Executor<'p> {
     }
 
     pub fn is_done(&self) -> bool {
-        self.finished == self.plan.steps.len()
+        self.finished == self.plan.steps.len() && self.signature_peers.is_empty()
     }
 
     /// The peers whose messages this rank is waiting for now (ready receives).
@@ -241,8 +257,8 @@ impl<'p> Executor<'p> {
         Ok(moved)
     }
 
-    /// Send this operation's signature to every peer it sends to, and check the signature of
-    /// every peer it receives from, before any data moves on that link.
+    /// Check the separate signature frames that have arrived (small messages carry theirs
+    /// in front of their data instead, see `run_step`).
     fn exchange_signatures(
         &mut self,
         transport: &mut dyn Transport,
@@ -252,27 +268,26 @@ impl<'p> Executor<'p> {
         let mut k = 0;
         while k < self.signature_peers.len() {
             let peer = self.signature_peers[k];
-            let state = &mut self.signature_state[peer];
-            if *state & SIGNATURE_TO_SEND != 0
-                && transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())?
-            {
-                *state &= !SIGNATURE_TO_SEND;
-                moved = true;
-            }
-            if *state & SIGNATURE_AWAITED != 0
-                && let Some(message) = transport.try_recv(peer, ctx.tag(SIGNATURE_TAG))?
-            {
-                let theirs = Signature::decode(&message.data);
-                transport.release(message);
-                match theirs {
-                    Some(t) if ctx.signature.matches(ctx.rank, peer, &t) => {}
-                    theirs => return Err(ExecError::Desync { peer, theirs }),
+            if let Some(message) = transport.try_recv(peer, ctx.tag(SIGNATURE_TAG))? {
+                let theirs = message
+                    .data
+                    .get(..SIGNATURE_BYTES)
+                    .and_then(Signature::decode);
+                let carried = message
+                    .data
+                    .get(SIGNATURE_BYTES..BUNDLE_HEADER)
+                    .map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]));
+                if let Err(e) = check_signature(ctx, peer, theirs) {
+                    transport.release(message);
+                    return Err(e);
                 }
-                *state &= !SIGNATURE_AWAITED;
-                moved = true;
-            }
-            if *state & (SIGNATURE_TO_SEND | SIGNATURE_AWAITED) == 0 {
+                match carried {
+                    Some(tag) => self.carried.push((peer, tag, message)),
+                    None => transport.release(message),
+                }
+                self.signature_state[peer] &= !SIGNATURE_AWAITED;
                 self.signature_peers.swap_remove(k);
+                moved = true;
             } else {
                 k += 1;
             }
@@ -290,14 +305,30 @@ impl<'p> Executor<'p> {
         let esize = ctx.dtype.size();
         match &self.plan.steps[index].action {
             Action::Send { peer, tag, from } => {
-                if self.signature_state[*peer] & SIGNATURE_TO_SEND != 0 {
-                    return Ok(false);
-                }
+                let peer = *peer;
                 let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
                 let len = bytes.len();
-                let sent = transport.try_send(*peer, ctx.tag(*tag), bytes)?;
+                let sent = if self.signature_state[peer] & SIGNATURE_TO_SEND == 0 {
+                    transport.try_send(peer, ctx.tag(*tag), bytes)?
+                } else if len <= BUNDLE_MAX {
+                    self.bundle.clear();
+                    self.bundle.extend_from_slice(&ctx.signature.encode());
+                    self.bundle.extend_from_slice(&tag.to_le_bytes());
+                    self.bundle.extend_from_slice(bytes);
+                    let sent = transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &self.bundle)?;
+                    if sent {
+                        self.signature_state[peer] &= !SIGNATURE_TO_SEND;
+                    }
+                    sent
+                } else {
+                    if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
+                        return Ok(false);
+                    }
+                    self.signature_state[peer] &= !SIGNATURE_TO_SEND;
+                    transport.try_send(peer, ctx.tag(*tag), bytes)?
+                };
                 if sent {
-                    self.peer_bytes[*peer][0] += len as u64;
+                    self.peer_bytes[peer][0] += len as u64;
                 }
                 Ok(sent)
             }
@@ -307,24 +338,36 @@ impl<'p> Executor<'p> {
                 into,
                 reduce,
             } => {
-                if self.signature_state[*peer] & SIGNATURE_AWAITED != 0 {
-                    return Ok(false);
-                }
-                let Some(message) = transport.try_recv(*peer, ctx.tag(*tag))? else {
-                    return Ok(false);
+                let carried = self
+                    .carried
+                    .iter()
+                    .position(|(p, t, _)| p == peer && t == tag);
+                let (message, offset) = match carried {
+                    Some(at) => (self.carried.swap_remove(at).2, BUNDLE_HEADER),
+                    None => match transport.try_recv(*peer, ctx.tag(*tag))? {
+                        Some(m) => (m, 0),
+                        None => return Ok(false),
+                    },
                 };
+                let data = &message.data[offset..];
                 let expected = into.len * esize;
-                let got = message.data.len();
+                let got = data.len();
                 let result = if got != expected {
+                    // A different operation, most likely: its signature (sent on its own
+                    // ahead of large data) says which, if it is here.
+                    if let Err(e) = self.exchange_signatures(transport, ctx) {
+                        transport.release(message);
+                        return Err(e);
+                    }
                     Err(ExecError::Mismatch {
                         peer: *peer,
                         got,
                         expected,
                     })
                 } else if *reduce {
-                    memory.reduce_into(*into, esize, &message.data, ctx)
+                    memory.reduce_into(*into, esize, data, ctx)
                 } else {
-                    memory.write(*into, esize, &message.data, ctx)
+                    memory.write(*into, esize, data, ctx)
                 };
                 transport.release(message);
                 result?;
@@ -340,6 +383,18 @@ impl<'p> Executor<'p> {
                 Ok(true)
             }
         }
+    }
+}
+
+/// `theirs`, received from `peer`, must be the counterpart of this operation's signature.
+fn check_signature(
+    ctx: &OpContext<'_>,
+    peer: usize,
+    theirs: Option<Signature>,
+) -> Result<(), ExecError> {
+    match theirs {
+        Some(t) if ctx.signature.matches(ctx.rank, peer, &t) => Ok(()),
+        theirs => Err(ExecError::Desync { peer, theirs }),
     }
 }
 

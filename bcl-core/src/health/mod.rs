@@ -36,6 +36,7 @@ use crate::topology::RankInfo;
 use bcl_transport::Secret;
 use parking_lot::Mutex;
 use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -101,6 +102,8 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     helpers: AtomicUsize,
     created: Instant,
+    /// Wakes the health thread when another thread hands it work (links, verdicts, stop).
+    waker: UnixDatagram,
 }
 
 /// One rank's health layer.
@@ -119,7 +122,11 @@ impl Health {
         config: HealthConfig,
     ) -> std::io::Result<Health> {
         let probe_timeout = (config.hang_timeout / 4).max(Duration::from_millis(100));
+        let (waker, woken) = UnixDatagram::pair()?;
+        waker.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
         let inner = Arc::new(Inner {
+            waker,
             rank,
             secret,
             probe_timeout,
@@ -156,7 +163,7 @@ impl Health {
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("bcl-health-{rank}"))
-            .spawn(move || service::run(worker, listener))?;
+            .spawn(move || service::run(worker, listener, woken))?;
         Ok(Health {
             inner,
             address: Some(address),
@@ -203,6 +210,7 @@ impl Health {
                 Ok(stream) => {
                     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
                     inner.new_links.lock().push((successor, stream));
+                    inner.wake();
                     return Ok(());
                 }
                 Err(e) if Instant::now() >= deadline => {
@@ -345,6 +353,7 @@ impl Health {
         };
         helpers_done();
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake();
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -371,6 +380,11 @@ impl Drop for Health {
 }
 
 impl Inner {
+    /// Make the health thread look at its queues now.
+    fn wake(&self) {
+        let _ = self.waker.send(&[1]);
+    }
+
     fn micros(&self) -> u64 {
         self.created.elapsed().as_micros() as u64
     }
@@ -426,6 +440,7 @@ impl Inner {
         }
         tracing::error!(rank = self.rank, "{}", verdict.line);
         self.to_flood.lock().push((verdict.clone(), from));
+        self.wake();
         if from.is_none() && self.config.enabled {
             let inner = self.clone();
             let v = verdict.clone();

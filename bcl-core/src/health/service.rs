@@ -7,8 +7,11 @@ use super::Inner;
 use super::diagnose::{self, Diagnosis, Symptom};
 use super::verdict::Verdict;
 use super::wire::{self, FrameReader, Message, Purpose};
+use bcl_transport::tcp::wait_readable;
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -75,9 +78,8 @@ impl Link {
 }
 
 /// The health thread's loop, until shutdown.
-pub(super) fn run(inner: Arc<Inner>, listener: TcpListener) {
+pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram) {
     let heartbeat = inner.config.heartbeat;
-    let tick = (heartbeat / 4).clamp(Duration::from_millis(1), Duration::from_millis(10));
     let mut links: Vec<Link> = Vec::new();
     loop {
         if inner.stop.load(Ordering::Acquire) {
@@ -154,7 +156,30 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener) {
                 suspect(&inner, link.peer, Symptom::ConnectionLost(reason));
             }
         }
-        std::thread::sleep(tick);
+        // Sleep until a connection, a message, a wake-up, or the next heartbeat or silence
+        // deadline: an idle rank's health thread wakes a few times per heartbeat at most.
+        let now = Instant::now();
+        let next = links
+            .iter()
+            .flat_map(|l| {
+                let silence = (!l.suspected && !l.said_goodbye)
+                    .then(|| l.last_heard + inner.config.hang_timeout);
+                std::iter::once(l.last_sent + heartbeat).chain(silence)
+            })
+            .min()
+            .map_or(heartbeat, |t| t.saturating_duration_since(now));
+        let mut timeout = next.clamp(Duration::from_millis(1), heartbeat);
+        if links.iter().any(|l| !l.unsent.is_empty()) {
+            timeout = timeout.min(Duration::from_millis(5));
+        }
+        let mut sources = vec![listener.as_fd(), woken.as_fd()];
+        sources.extend(links.iter().map(|l| l.stream.as_fd()));
+        if let Err(e) = wait_readable(&sources, timeout) {
+            tracing::debug!(rank = inner.rank, "health poll failed: {e}");
+            std::thread::sleep(timeout);
+        }
+        let mut drain = [0u8; 64];
+        while woken.recv(&mut drain).is_ok() {}
     }
 }
 
@@ -255,6 +280,7 @@ fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAd
     let served = match purpose {
         Purpose::Watch => stream.set_nonblocking(true).map(|()| {
             inner.new_links.lock().push((peer, stream));
+            inner.wake();
         }),
         Purpose::Query => wire::send(&mut stream, &Message::State(inner.state())),
         Purpose::Probe { target } => {

@@ -23,6 +23,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+/// Block until one of `sources` is readable or `timeout` passes (poll(2)): lets callers
+/// multiplex std sockets without unsafe code of their own.
+pub fn wait_readable(sources: &[std::os::fd::BorrowedFd<'_>], timeout: Duration) -> io::Result<()> {
+    let fds: Vec<(std::os::fd::RawFd, bool)> =
+        sources.iter().map(|s| (s.as_raw_fd(), false)).collect();
+    sys::poll_fds(&fds, timeout)
+}
+
 /// Settings of a TCP endpoint.
 #[derive(Clone, Debug)]
 pub struct TcpConfig {

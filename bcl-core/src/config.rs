@@ -249,8 +249,23 @@ mod tests {
             .with_env(&env(&[
                 ("BCL_DEVICE", "sim:copy=2"),
                 ("BCL_TIMEOUT_S", "1.5"),
+                ("BCL_HEALTH", "off"),
+                ("BCL_HEARTBEAT_MS", "50"),
+                ("BCL_HANG_TIMEOUT_MS", "700"),
+                ("BCL_DUMP_DIR", "/tmp/bcl-dumps"),
             ]))
             .expect("config");
+        assert!(!c.health.enabled);
+        assert_eq!(c.health.heartbeat, Duration::from_millis(50));
+        assert_eq!(c.health.hang_timeout, Duration::from_millis(700));
+        assert_eq!(
+            c.health.dump_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/bcl-dumps"))
+        );
+        let e = CommConfig::default()
+            .with_env(&env(&[("BCL_HEALTH", "maybe")]))
+            .expect_err("bad switch");
+        assert!(e.to_string().contains("BCL_HEALTH='maybe'"), "{e}");
         assert_eq!(c.device.to_string(), "sim:copy=2");
         assert_eq!(c.op_timeout, Duration::from_millis(1500));
         let e = Launch::from_env(&env(&[

@@ -45,11 +45,13 @@ fn run_ok(cmd: &mut Command, what: &str) -> String {
 fn compile(source: &str, name: &str, static_link: bool) -> PathBuf {
     let (lib, out) = (lib_dir(), out_dir().join(name));
     let mut cmd = Command::new("gcc");
-    cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
-        .arg(&out)
-        .arg(root().join("bcl-ffi/tests/c").join(source))
-        .arg("-I")
-        .arg(root().join("include"));
+    cmd.args([
+        "-std=c99", "-pthread", "-Wall", "-Wextra", "-Werror", "-O1", "-o",
+    ])
+    .arg(&out)
+    .arg(root().join("bcl-ffi/tests/c").join(source))
+    .arg("-I")
+    .arg(root().join("include"));
     if static_link {
         cmd.arg(lib.join("libbcl.a")).args([
             "-lgcc_s",
@@ -181,6 +183,11 @@ fn c_program_on_four_processes_with_the_static_library() {
 #[test]
 fn counts_that_differ_between_ranks_are_a_mismatch_then_poison() {
     run_ranks(&compile("mismatch.c", "mismatch", false), 2);
+}
+
+#[test]
+fn abort_from_another_thread_fails_the_call_in_flight_on_every_rank() {
+    run_ranks(&compile("abort.c", "abort", false), 2);
 }
 
 #[test]

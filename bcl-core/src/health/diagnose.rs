@@ -55,7 +55,17 @@ pub(crate) fn query(inner: &Inner, target: usize) -> Seen {
     match answer {
         Ok(Message::State(state)) => Seen::Alive(state),
         Ok(other) => Seen::NoAnswer(format!("unexpected answer {other:?}")),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Seen::Refused,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            Seen::Gone(e.to_string())
+        }
         Err(e)
             if matches!(
                 e.kind(),
@@ -146,10 +156,10 @@ pub(crate) fn diagnose(inner: &Arc<Inner>, peer: usize, symptom: Symptom) -> Dia
     }
     match query(inner, peer) {
         Seen::Alive(state) => Diagnosis::Alive(state),
-        Seen::Refused => verdict(
+        Seen::Gone(why) => verdict(
             Cause::Died,
             vec![peer],
-            format!("{seen}; its port refuses connections"),
+            format!("{seen}; its health port answers: {why}"),
         ),
         Seen::NoAnswer(mine) => match rx.recv_timeout(inner.probe_timeout * 4) {
             Ok((witness, Some(Seen::Alive(_)))) => verdict(
@@ -160,10 +170,10 @@ pub(crate) fn diagnose(inner: &Arc<Inner>, peer: usize, symptom: Symptom) -> Dia
                     inner.rank
                 ),
             ),
-            Ok((witness, Some(Seen::Refused))) => verdict(
+            Ok((witness, Some(Seen::Gone(why)))) => verdict(
                 Cause::Died,
                 vec![peer],
-                format!("{seen}; its port refuses rank {witness}'s connections"),
+                format!("{seen}; its health port answers rank {witness}: {why}"),
             ),
             Ok((witness, Some(Seen::NoAnswer(theirs)))) => verdict(
                 Cause::Unresponsive,

@@ -9,7 +9,7 @@
 //!
 //! Diagnosis of a suspect peer (connection lost, silence longer than `BCL_HANG_TIMEOUT_MS`,
 //! a data link that failed, an operation stalled on it):
-//! * its health port refuses connections: the process is gone (**died**);
+//! * its health port refuses (or resets) connections: the process is gone (**died**);
 //! * it answers: it is **alive** (and says which operation it is in, so a stalled peer reads
 //!   "alive, has not called allreduce #57"), and a broken data link to it is a **link**
 //!   failure;

@@ -44,8 +44,10 @@ pub enum Purpose {
 pub enum Seen {
     /// It answered, in this state.
     Alive(RankState),
-    /// Its host answered, its port is closed: the process is gone.
-    Refused,
+    /// Its host answered for it and said no (connection refused, or reset or closed while
+    /// its process was being torn down): the process is gone. A stopped or hung process
+    /// holds its sockets open and stays silent instead.
+    Gone(String),
     /// No answer in time, or no route (the reason, as text).
     NoAnswer(String),
 }

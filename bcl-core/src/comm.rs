@@ -9,7 +9,7 @@ use crate::bootstrap;
 use crate::config::{CommConfig, Launch, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
-use crate::health::{Cause, Health, PeerBytes, Verdict};
+use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
 use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
 use crate::signature::Signature;
 use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
@@ -979,7 +979,16 @@ fn run<'a>(
         .peer_bytes()
         .filter(|b| b.sent > 0 || b.received > 0)
         .collect();
-    health.op_finished(peer_bytes, outcome.as_ref().err().map(|e| e.to_string()));
+    let measured = Measurements {
+        link_rates: std::mem::take(&mut exec.link_rates),
+        device_bytes: exec.device_bytes,
+        device_secs: exec.device_secs,
+    };
+    health.op_finished(
+        peer_bytes,
+        outcome.as_ref().err().map(|e| e.to_string()),
+        measured,
+    );
     if let Err(e) = &outcome
         && e.poisons()
     {

@@ -117,7 +117,7 @@ impl CommConfig {
     /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
     /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
-    /// `BCL_FLIGHT_RECORDER_OPS`.
+    /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`.
     pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         if let Some(v) = get("BCL_DEVICE") {
             self.device = v
@@ -173,6 +173,10 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_DUMP_DIR") {
             self.health.dump_dir = Some(v.into());
+        }
+        if let Some(v) = get("BCL_SLOW_WINDOW_MS") {
+            self.health.window =
+                Duration::from_millis(number::<u64>("BCL_SLOW_WINDOW_MS", &v)?.max(10));
         }
         if let Some(v) = get("BCL_FLIGHT_RECORDER_OPS") {
             self.health.recorder_ops = number::<usize>("BCL_FLIGHT_RECORDER_OPS", &v)?.max(1);

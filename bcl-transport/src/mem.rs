@@ -255,6 +255,7 @@ impl Transport for MemTransport {
             peer,
             tag,
             data: p.data,
+            transfer: None,
         }))
     }
 

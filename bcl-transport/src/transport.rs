@@ -67,6 +67,9 @@ pub struct Received {
     pub peer: usize,
     pub tag: Tag,
     pub data: Vec<u8>,
+    /// How long the message took to arrive, from its first byte to its last, where the
+    /// transport can tell (TCP); the health layer turns it into per-link bandwidth.
+    pub transfer: Option<std::time::Duration>,
 }
 
 /// A non-blocking, poll-driven way to move tagged messages between ranks.

@@ -5,6 +5,7 @@
 //! the closed form of `bcl_bench::pattern`. Failures are collected, not panicked, so one wrong
 //! case does not leave the other ranks waiting.
 
+pub mod netns;
 pub mod procs;
 
 use bcl_bench::buffers::{Placement, RankBuffers};

@@ -6,88 +6,11 @@
 //! Needs root (CI runs as root) and iproute2; it fails loudly without them, never skips.
 
 use bcl_core::UniqueId;
+use bcl_tests::netns::{Mesh, ip};
 use bcl_tests::procs::{RankSpec, finish, spawn, unix_ms, wait_ready};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
-        panic!("cannot run `ip` (install iproute2; this test needs root): {e}")
-    });
-    assert!(
-        out.status.success(),
-        "ip {} failed (this test needs root): {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Three namespaces in a full mesh of veth pairs; removed on drop.
-struct Mesh {
-    namespaces: Vec<String>,
-}
-
-impl Mesh {
-    fn address(i: usize) -> String {
-        format!("10.77.0.{}", i + 1)
-    }
-
-    fn veth(&self, from: usize, to: usize) -> String {
-        format!("b{}_{from}{to}", std::process::id())
-    }
-
-    fn new() -> Mesh {
-        let pid = std::process::id();
-        let mesh = Mesh {
-            namespaces: (0..3).map(|i| format!("bcl{pid}n{i}")).collect(),
-        };
-        for (i, ns) in mesh.namespaces.iter().enumerate() {
-            ip(&["netns", "add", ns]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/32", Mesh::address(i)),
-                "dev",
-                "lo",
-            ]);
-        }
-        for (i, j) in [(0, 1), (0, 2), (1, 2)] {
-            let (a, b) = (mesh.veth(i, j), mesh.veth(j, i));
-            let (na, nb) = (&mesh.namespaces[i], &mesh.namespaces[j]);
-            ip(&[
-                "link", "add", &a, "netns", na, "type", "veth", "peer", "name", &b, "netns", nb,
-            ]);
-            for (ns, dev, me, peer) in [(na, &a, i, j), (nb, &b, j, i)] {
-                ip(&["-n", ns, "link", "set", dev, "up"]);
-                ip(&[
-                    "-n",
-                    ns,
-                    "route",
-                    "add",
-                    &format!("{}/32", Mesh::address(peer)),
-                    "dev",
-                    dev,
-                    "src",
-                    &Mesh::address(me),
-                ]);
-            }
-        }
-        mesh
-    }
-}
-
-impl Drop for Mesh {
-    fn drop(&mut self) {
-        for ns in &self.namespaces {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
 
 #[test]
 fn a_veth_taken_down_is_reported_as_a_link_failure_between_those_two_ranks() {

@@ -119,6 +119,11 @@ pub struct Executor<'p> {
     pub last_progress: Instant,
     /// Bytes sent to and received from each peer (indexed by rank).
     peer_bytes: Vec<[u64; 2]>,
+    /// Measurements for slow-node detection: wire rates (peer, GB/s) of large messages, and
+    /// the bytes and seconds of this rank's reductions and copies of received data.
+    pub link_rates: Vec<(usize, f32)>,
+    pub device_bytes: u64,
+    pub device_secs: f64,
 }
 
 impl<'p> Executor<'p> {
@@ -159,6 +164,9 @@ impl<'p> Executor<'p> {
             signature_peers,
             last_progress: Instant::now(),
             peer_bytes: vec![[0; 2]; world],
+            link_rates: Vec::new(),
+            device_bytes: 0,
+            device_secs: 0.0,
         }
     }
 
@@ -364,10 +372,23 @@ impl<'p> Executor<'p> {
                         got,
                         expected,
                     })
-                } else if *reduce {
-                    memory.reduce_into(*into, esize, data, ctx)
                 } else {
-                    memory.write(*into, esize, data, ctx)
+                    let started = Instant::now();
+                    let done = if *reduce {
+                        memory.reduce_into(*into, esize, data, ctx)
+                    } else {
+                        memory.write(*into, esize, data, ctx)
+                    };
+                    self.device_secs += started.elapsed().as_secs_f64();
+                    self.device_bytes += got as u64;
+                    if got >= crate::health::slow::RATE_MIN_BYTES
+                        && let Some(t) = message.transfer
+                    {
+                        let secs = t.as_secs_f64().max(1e-6);
+                        self.link_rates
+                            .push((*peer, (got as f64 / secs / 1e9) as f32));
+                    }
+                    done
                 };
                 transport.release(message);
                 result?;

@@ -24,6 +24,7 @@
 mod diagnose;
 pub mod recorder;
 mod service;
+pub mod slow;
 pub mod verdict;
 pub mod wire;
 
@@ -56,6 +57,8 @@ pub struct HealthConfig {
     pub dump_dir: Option<PathBuf>,
     /// Operations the flight recorder keeps.
     pub recorder_ops: usize,
+    /// How often each rank sends its slow-node measurements to rank 0's detector.
+    pub window: Duration,
 }
 
 impl Default for HealthConfig {
@@ -66,6 +69,7 @@ impl Default for HealthConfig {
             hang_timeout: Duration::from_millis(2000),
             dump_dir: None,
             recorder_ops: 1024,
+            window: Duration::from_millis(500),
         }
     }
 }
@@ -104,6 +108,19 @@ pub(crate) struct Inner {
     created: Instant,
     /// Wakes the health thread when another thread hands it work (links, verdicts, stop).
     waker: UnixDatagram,
+    /// Slow-node measurements of the current window, the detector (rank 0), and the latest
+    /// summary (every rank; from rank 0).
+    window: Mutex<slow::Window>,
+    detector: Mutex<Option<slow::Detector>>,
+    summary: Mutex<slow::Summary>,
+}
+
+/// What one operation measured for slow-node detection (see `Executor`).
+#[derive(Debug, Default)]
+pub struct Measurements {
+    pub link_rates: Vec<(usize, f32)>,
+    pub device_bytes: u64,
+    pub device_secs: f64,
 }
 
 /// One rank's health layer.
@@ -127,6 +144,12 @@ impl Health {
         woken.set_nonblocking(true)?;
         let inner = Arc::new(Inner {
             waker,
+            window: Mutex::new(slow::Window {
+                rank: rank as u32,
+                ..slow::Window::default()
+            }),
+            detector: Mutex::new(None),
+            summary: Mutex::new(slow::Summary::default()),
             rank,
             secret,
             probe_timeout,
@@ -185,6 +208,9 @@ impl Health {
     ) -> Result<(), String> {
         let inner = &self.inner;
         let world = peers.len();
+        if inner.rank == 0 {
+            *inner.detector.lock() = Some(slow::Detector::new(peers.clone()));
+        }
         let _ = inner.peers.set(peers);
         let position = ring.iter().position(|&r| r == inner.rank).unwrap_or(0);
         let successor = ring[(position + 1) % world.max(1)];
@@ -312,6 +338,15 @@ impl Health {
     /// The data path starts `op` (run with `algorithm`).
     pub fn op_started(&self, op: Signature, algorithm: &'static str) {
         let now = self.inner.micros();
+        if !op.collective.is_point_to_point() && slow::entry_sampled(op.seq) {
+            let at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            let mut w = self.inner.window.lock();
+            if w.entries.len() < 4096 {
+                w.entries.push((op.seq, at));
+            }
+        }
         let mut ops = self.inner.ops.lock();
         if !op.collective.is_point_to_point() {
             ops.started = op.seq;
@@ -322,9 +357,23 @@ impl Health {
         ops.recorder.start(op, algorithm, now);
     }
 
-    /// The data path finished its current operation.
-    pub fn op_finished(&self, peers: Vec<PeerBytes>, error: Option<String>) {
+    /// The data path finished its current operation, having measured `measured`.
+    pub fn op_finished(
+        &self,
+        peers: Vec<PeerBytes>,
+        error: Option<String>,
+        measured: Measurements,
+    ) {
         let now = self.inner.micros();
+        {
+            let mut w = self.inner.window.lock();
+            w.ops += 1;
+            for (peer, gbps) in measured.link_rates {
+                w.add_rate(peer, gbps);
+            }
+            w.device_bytes += measured.device_bytes;
+            w.device_secs += measured.device_secs;
+        }
         let mut ops = self.inner.ops.lock();
         if let Some(op) = ops.current.take()
             && !op.collective.is_point_to_point()
@@ -380,6 +429,61 @@ impl Drop for Health {
 }
 
 impl Inner {
+    /// Close the current slow-node window: rank 0 evaluates it with what the others sent;
+    /// the others send theirs to rank 0 (on a helper) and keep the summary it answers.
+    fn close_window(self: &Arc<Self>) {
+        let window = {
+            let mut w = self.window.lock();
+            let fresh = slow::Window {
+                rank: self.rank as u32,
+                ..slow::Window::default()
+            };
+            std::mem::replace(&mut *w, fresh)
+        };
+        if self.rank == 0 {
+            let mut detector = self.detector.lock();
+            let Some(d) = detector.as_mut() else { return };
+            d.add(window);
+            for line in d.evaluate() {
+                tracing::warn!(rank = self.rank, "{line}");
+            }
+            *self.summary.lock() = d.summary().clone();
+            return;
+        }
+        let Some(addr) = self.health_address(0) else {
+            return;
+        };
+        let inner = self.clone();
+        service::spawn_helper(self, "report", move || {
+            let exchange = wire::dial(
+                addr,
+                &inner.secret,
+                inner.rank,
+                wire::Purpose::Report,
+                inner.probe_timeout,
+            )
+            .and_then(|mut s| {
+                wire::send(&mut s, &wire::Message::Window(window))?;
+                wire::receive(&mut s)
+            });
+            match exchange {
+                Ok(wire::Message::Summary(summary)) => *inner.summary.lock() = summary,
+                Ok(other) => {
+                    tracing::debug!(rank = inner.rank, "rank 0 answered a report with {other:?}")
+                }
+                Err(e) => tracing::debug!(rank = inner.rank, "cannot report to rank 0: {e}"),
+            }
+        });
+    }
+
+    /// A window from another rank (rank 0 only); returns the current summary.
+    fn take_window(&self, window: slow::Window) -> slow::Summary {
+        if let Some(d) = self.detector.lock().as_mut() {
+            d.add(window);
+        }
+        self.summary.lock().clone()
+    }
+
     /// Make the health thread look at its queues now.
     fn wake(&self) {
         let _ = self.waker.send(&[1]);
@@ -487,6 +591,8 @@ impl Inner {
             "current": ops.current.map(|s| s.to_string()),
             "operations_total": ops.recorder.total(),
             "flight_recorder": records,
+            "slow": self.summary.lock().clone(),
+            "ring": self.ring.get(),
         })
     }
 }

@@ -81,6 +81,7 @@ impl Link {
 pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram) {
     let heartbeat = inner.config.heartbeat;
     let mut links: Vec<Link> = Vec::new();
+    let mut next_window = Instant::now() + inner.config.window;
     loop {
         if inner.stop.load(Ordering::Acquire) {
             say_goodbye(&inner, links);
@@ -150,6 +151,12 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
                 suspect(&inner, link.peer, Symptom::Silent(silent));
             }
         }
+        if Instant::now() >= next_window {
+            next_window = Instant::now() + inner.config.window;
+            if inner.peers().len() > 1 {
+                inner.close_window();
+            }
+        }
         for (i, reason) in closed.into_iter().rev() {
             let link = links.swap_remove(i);
             if !link.said_goodbye && !inner.stop.load(Ordering::Acquire) {
@@ -168,7 +175,9 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
             })
             .min()
             .map_or(heartbeat, |t| t.saturating_duration_since(now));
-        let mut timeout = next.clamp(Duration::from_millis(1), heartbeat);
+        let mut timeout = next
+            .min(next_window.saturating_duration_since(now))
+            .clamp(Duration::from_millis(1), heartbeat);
         if links.iter().any(|l| !l.unsent.is_empty()) {
             timeout = timeout.min(Duration::from_millis(5));
         }
@@ -291,6 +300,16 @@ fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAd
             if let Message::Verdict(v) = m {
                 inner.accept(v, Some(peer));
             }
+        }),
+        Purpose::Report => wire::receive(&mut stream).and_then(|m| match m {
+            Message::Window(w) if w.rank as usize == peer => {
+                let summary = inner.take_window(w);
+                wire::send(&mut stream, &Message::Summary(summary))
+            }
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("expected rank {peer}'s window, got {other:?}"),
+            )),
         }),
     };
     if let Err(e) = served {

@@ -37,6 +37,9 @@ pub enum Purpose {
     Probe { target: u32 },
     /// A verdict follows; no reply.
     Deliver,
+    /// A window of slow-node measurements follows (to rank 0); the reply is the detector's
+    /// summary.
+    Report,
 }
 
 /// What a rank saw when it tried to reach another one.
@@ -67,6 +70,8 @@ pub enum Message {
         target: u32,
         seen: Seen,
     },
+    Window(super::slow::Window),
+    Summary(super::slow::Summary),
 }
 
 /// `message` framed, ready to write.

@@ -71,6 +71,8 @@ struct Conn {
     stream: TcpStream,
     out: VecDeque<OutFrame>,
     decoder: FrameDecoder,
+    /// When the first bytes of the frame being received were read.
+    frame_started: Option<Instant>,
     closed: bool,
 }
 
@@ -89,7 +91,7 @@ pub struct TcpTransport {
     listener: TcpListener,
     address: PeerAddress,
     peers: HashMap<usize, Peer>,
-    inbox: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    inbox: HashMap<(usize, Tag), VecDeque<(Vec<u8>, Duration)>>,
     pool: Vec<Vec<u8>>,
 }
 
@@ -312,6 +314,7 @@ impl Transport for TcpTransport {
                 stream,
                 out: VecDeque::new(),
                 decoder: FrameDecoder::new(self.config.max_frame),
+                frame_started: None,
                 closed: false,
             };
             self.peer_mut(peer)?.conns.push(conn);
@@ -380,12 +383,17 @@ impl Transport for TcpTransport {
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
         if let Some(q) = self.inbox.get_mut(&(peer, tag))
-            && let Some(data) = q.pop_front()
+            && let Some((data, transfer)) = q.pop_front()
         {
             if q.is_empty() {
                 self.inbox.remove(&(peer, tag));
             }
-            return Ok(Some(Received { peer, tag, data }));
+            return Ok(Some(Received {
+                peer,
+                tag,
+                data,
+                transfer: Some(transfer),
+            }));
         }
         let p = self.peer_mut(peer)?;
         if p.closed {
@@ -426,6 +434,8 @@ impl Transport for TcpTransport {
                         }
                         Ok(n) => {
                             moved = true;
+                            let now = Instant::now();
+                            let started = *conn.frame_started.get_or_insert(now);
                             let pool = &mut self.pool;
                             let frame = conn
                                 .decoder
@@ -436,10 +446,11 @@ impl Transport for TcpTransport {
                                     reason: e.to_string(),
                                 })?;
                             if let Some(f) = frame {
+                                conn.frame_started = None;
                                 self.inbox
                                     .entry((peer, f.tag))
                                     .or_default()
-                                    .push_back(f.payload);
+                                    .push_back((f.payload, now - started));
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

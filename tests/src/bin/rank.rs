@@ -10,11 +10,16 @@
 //!   `BCL_TEST_DESYNC` says: `op`, `count`, `dtype`, `root`, `extra` (an extra barrier first),
 //!   then a barrier.
 //!
+//! * `watch`: fp32 allreduces of `BCL_TEST_ELEMS` for `BCL_TEST_SECONDS`, rank
+//!   `BCL_TEST_LATE_RANK` sleeping `BCL_TEST_LATE_MS` before each; every `BCL_TEST_REPORT_MS`
+//!   rank 0 prints `health <json>` (the slow-node summary and the ring) on stdout. All ranks
+//!   stop after the same number of collectives (rank 0 decides, by broadcast).
+//!
 //! Exit 0: done; 4: init failed; 7: a collective failed. Errors go to stderr as
 //! `rank R error after E ms at T ms: ...` (E: since the failed call began; T: Unix time).
 //! Log output (warnings included) goes to stderr too (`BCL_LOG` filters it).
 
-use bcl_core::{Communicator, ReduceOp};
+use bcl_core::{Collective, Communicator, DataType, ReduceOp};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
         "loop" => run_loop(&comm),
         "sleepy" => sleepy(&comm),
         "desync" => desync(&comm),
+        "watch" => watch(&comm),
         other => {
             eprintln!("unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync)");
             return ExitCode::from(2);
@@ -112,6 +118,59 @@ fn run_loop(comm: &Communicator) -> Result<(), ExitCode> {
         }
     }
     println!("done {iters}");
+    Ok(())
+}
+
+fn watch(comm: &Communicator) -> Result<(), ExitCode> {
+    let rank = comm.rank();
+    let seconds: f64 = var("BCL_TEST_SECONDS", 10.0);
+    let report = Duration::from_millis(var("BCL_TEST_REPORT_MS", 500));
+    let late_rank: usize = var("BCL_TEST_LATE_RANK", usize::MAX);
+    let late = Duration::from_millis(var("BCL_TEST_LATE_MS", 0));
+    // Device buffers, so that each rank's device does the reductions (a slow `sim` is slow).
+    let count: usize = var("BCL_TEST_ELEMS", 1 << 20);
+    let buf = comm.accelerator().allocate(count * 4).map_err(|e| {
+        eprintln!("rank {rank}: allocate: {e}");
+        ExitCode::from(7)
+    })?;
+    let start = Instant::now();
+    let mut last_report = Instant::now();
+    let mut go = [1u8];
+    while go[0] == 1 {
+        if rank == late_rank {
+            std::thread::sleep(late);
+        }
+        checked(rank, || {
+            comm.submit(
+                Collective::AllReduce { op: ReduceOp::Max },
+                count,
+                DataType::Float32,
+                None,
+                Some(&buf),
+            )?
+            .wait()
+        })?;
+        if rank == 0 {
+            if last_report.elapsed() >= report {
+                last_report = Instant::now();
+                let h = comm.health_report();
+                println!(
+                    "health {}",
+                    serde_json::json!({"slow": h["slow"], "ring": h["ring"]})
+                );
+                let _ = std::io::stdout().flush();
+            }
+            go[0] = u8::from(start.elapsed().as_secs_f64() < seconds);
+        }
+        checked(rank, || comm.broadcast_in_place(&mut go, 0))?;
+    }
+    let h = comm.health_report();
+    if rank == 0 {
+        println!(
+            "health {}",
+            serde_json::json!({"slow": h["slow"], "ring": h["ring"]})
+        );
+    }
     Ok(())
 }
 

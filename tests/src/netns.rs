@@ -1,0 +1,137 @@
+//! Test "hosts" made of network namespaces (they need root; CI runs as root): three
+//! namespaces meshed pairwise by veth pairs, each with one address, removed on drop.
+
+use std::process::Command;
+
+/// Run `ip` with `args`; fail the test loudly if it cannot.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run `ip` (install iproute2; this test needs root): {e}")
+    });
+    assert!(
+        out.status.success(),
+        "ip {} failed (this test needs root): {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Three namespaces in a full mesh of veth pairs; removed on drop.
+#[derive(Debug)]
+pub struct Mesh {
+    pub namespaces: Vec<String>,
+    /// Unique among the meshes of this process: "<pid><n>".
+    id: String,
+}
+
+static MESHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Mesh {
+    pub fn address(i: usize) -> String {
+        format!("10.77.0.{}", i + 1)
+    }
+
+    pub fn veth(&self, from: usize, to: usize) -> String {
+        format!("b{}_{from}{to}", self.id)
+    }
+
+    pub fn new() -> Mesh {
+        let n = MESHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let id = format!("{}{n}", std::process::id());
+        let mesh = Mesh {
+            namespaces: (0..3).map(|i| format!("bcl{id}n{i}")).collect(),
+            id,
+        };
+        for (i, ns) in mesh.namespaces.iter().enumerate() {
+            ip(&["netns", "add", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{}/32", Mesh::address(i)),
+                "dev",
+                "lo",
+            ]);
+        }
+        for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+            let (a, b) = (mesh.veth(i, j), mesh.veth(j, i));
+            let (na, nb) = (&mesh.namespaces[i], &mesh.namespaces[j]);
+            ip(&[
+                "link", "add", &a, "netns", na, "type", "veth", "peer", "name", &b, "netns", nb,
+            ]);
+            for (ns, dev, me, peer) in [(na, &a, i, j), (nb, &b, j, i)] {
+                ip(&["-n", ns, "link", "set", dev, "up"]);
+                ip(&[
+                    "-n",
+                    ns,
+                    "route",
+                    "add",
+                    &format!("{}/32", Mesh::address(peer)),
+                    "dev",
+                    dev,
+                    "src",
+                    &Mesh::address(me),
+                ]);
+            }
+        }
+        mesh
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        for ns in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+impl Mesh {
+    /// Run `program args` inside namespace `i`.
+    pub fn exec(&self, i: usize, program: &str, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.namespaces[i], program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("ip netns exec {program}: {e}"))
+    }
+
+    /// TCP throughput from namespace `from` to namespace `to` in bytes per second, measured
+    /// with a plain Python socket pair sending 256 MiB.
+    pub fn throughput(&self, from: usize, to: usize) -> f64 {
+        let port = 5999;
+        let server = format!(
+            "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{}',{port})); s.listen(1)\nc,_=s.accept()\nwhile c.recv(1<<20): pass",
+            Mesh::address(to)
+        );
+        let mut srv = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.namespaces[to],
+                "python3",
+                "-c",
+                &server,
+            ])
+            .spawn()
+            .expect("python3 server");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let client = format!(
+            "import socket,time\nc=socket.create_connection(('{}',{port}))\nb=bytes(1<<20)\nt=time.time()\nfor _ in range(256): c.sendall(b)\nc.shutdown(socket.SHUT_WR); c.recv(1)\nprint(256*(1<<20)/(time.time()-t))",
+            Mesh::address(to)
+        );
+        let out = self.exec(from, "python3", &["-c", &client]);
+        let _ = srv.wait();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| {
+                panic!(
+                    "throughput measurement failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    }
+}

@@ -31,6 +31,9 @@ pub fn wait_readable(sources: &[std::os::fd::BorrowedFd<'_>], timeout: Duration)
     sys::poll_fds(&fds, timeout)
 }
 
+/// A received payload and how long it took from its first byte to its last.
+type Arrived = (Vec<u8>, Duration);
+
 /// Settings of a TCP endpoint.
 #[derive(Clone, Debug)]
 pub struct TcpConfig {
@@ -91,7 +94,7 @@ pub struct TcpTransport {
     listener: TcpListener,
     address: PeerAddress,
     peers: HashMap<usize, Peer>,
-    inbox: HashMap<(usize, Tag), VecDeque<(Vec<u8>, Duration)>>,
+    inbox: HashMap<(usize, Tag), VecDeque<Arrived>>,
     pool: Vec<Vec<u8>>,
 }
 

@@ -35,7 +35,7 @@ impl Mesh {
         format!("b{}_{from}{to}", self.id)
     }
 
-    pub fn new() -> Mesh {
+    pub fn create() -> Mesh {
         let n = MESHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let id = format!("{}{n}", std::process::id());
         let mesh = Mesh {

@@ -14,7 +14,7 @@ const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
 
 #[test]
 fn a_veth_taken_down_is_reported_as_a_link_failure_between_those_two_ranks() {
-    let mesh = Mesh::new();
+    let mesh = Mesh::create();
     let root: std::net::SocketAddr = format!("{}:29611", Mesh::address(0)).parse().expect("addr");
     let id = UniqueId::at(root).expect("id").to_string();
     let binds: Vec<String> = (0..3).map(Mesh::address).collect();

@@ -132,7 +132,7 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 /// that link as slow within 10 s.
 fn throttled_link_is_named(fraction: f64) {
     let _serial = serial();
-    let mesh = Mesh::new();
+    let mesh = Mesh::create();
     let root: std::net::SocketAddr = format!("{}:29613", Mesh::address(0)).parse().expect("addr");
     let id = UniqueId::at(root).expect("id").to_string();
     let watch = Watch::start(

@@ -316,6 +316,11 @@ impl Communicator {
         self.shared.world
     }
 
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &CommConfig {
+        &self.shared.config
+    }
+
     /// This rank's device.
     pub fn accelerator(&self) -> &Arc<dyn Accelerator> {
         &self.shared.accelerator

@@ -61,6 +61,10 @@ pub struct Args {
     /// Run the ranks as threads of this process instead of separate processes.
     #[arg(long)]
     pub threads: bool,
+    /// After the sweep, print the slow-node detector's per-link bandwidth matrix, per-rank
+    /// device speed and lateness, and its verdicts.
+    #[arg(long)]
+    pub health: bool,
     /// Write one JSON object per row and placement to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,

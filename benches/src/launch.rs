@@ -3,6 +3,7 @@
 use crate::args::Args;
 use crate::sweep;
 use crate::table::Measurement;
+use bcl_core::health::slow::{Summary, render};
 use bcl_core::{Communicator, UniqueId};
 use std::io::Write;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -44,6 +45,19 @@ fn banner(comm: &Communicator, args: &Args) {
     let _ = writeln!(out, "#  Ring order: {:?}\n#", comm.ring());
 }
 
+/// Let every rank's last measurement window reach rank 0's detector, then print its summary.
+fn print_health(comm: &Communicator, print: bool) {
+    let window = comm.config().health.window;
+    std::thread::sleep(window * 3);
+    if print {
+        let report = comm.health_report();
+        match serde_json::from_value::<Summary>(report["slow"].clone()) {
+            Ok(summary) => print!("{}", render(&summary, comm.world_size())),
+            Err(e) => println!("# no slow-node summary: {e}"),
+        }
+    }
+}
+
 /// Run the sweep on an initialised rank; rank 0 prints and writes the JSON file.
 pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
     let print = comm.rank() == 0;
@@ -52,6 +66,9 @@ pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
     }
     match sweep::run(comm, args, print) {
         Ok(rows) => {
+            if args.health {
+                print_health(comm, print);
+            }
             if print
                 && let Some(path) = &args.json
                 && let Err(e) = write_json(path, &rows)

@@ -264,3 +264,34 @@ fn a_worker_killed_mid_sweep_makes_the_bench_print_the_verdict_and_fail() {
         "no verdict naming the killed rank (pid {victim}): {err}"
     );
 }
+
+#[test]
+fn health_flag_prints_the_link_matrix_and_names_a_slow_device() {
+    let (code, out, err) = run(&[
+        "allreduce",
+        "--nranks",
+        "4",
+        "--devices",
+        "cpu,cpu,sim:copy=1:reduce=1,cpu",
+        "-b",
+        "1M",
+        "-e",
+        "4M",
+        "-n",
+        "100",
+        "-w",
+        "5",
+        "--health",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("# per-link bandwidth (GB/s"), "{out}");
+    assert!(
+        out.contains("#  from\\to       0       1       2       3"),
+        "{out}"
+    );
+    assert!(
+        out.contains("# slow-node verdict: slow rank 2 (host") && out.contains("sim:"),
+        "{out}"
+    );
+    assert_eq!(out.matches("# slow-node verdict:").count(), 1, "{out}");
+}

@@ -265,8 +265,28 @@ impl Detector {
             }
         }
         let raised = self.update_streaks(found, ops);
-        self.summary.links = links;
-        self.summary.ranks = ranks;
+        // The summary keeps each link's and rank's latest measured figures, so that a quiet
+        // window (no traffic) does not blank them.
+        for link in links {
+            match self
+                .summary
+                .links
+                .iter_mut()
+                .find(|l| (l.from, l.to) == (link.from, link.to))
+            {
+                Some(old) => *old = link,
+                None => self.summary.links.push(link),
+            }
+        }
+        self.summary.links.sort_by_key(|l| (l.from, l.to));
+        if self.summary.ranks.len() != ranks.len() {
+            self.summary.ranks = ranks;
+        } else {
+            for (old, new) in self.summary.ranks.iter_mut().zip(ranks) {
+                old.device_gbps = new.device_gbps.or(old.device_gbps);
+                old.lateness_ms = new.lateness_ms.or(old.lateness_ms);
+            }
+        }
         self.summary.evaluations += 1;
         raised
     }
@@ -416,4 +436,167 @@ pub fn render(summary: &Summary, world: usize) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
+
+    fn peers(world: usize) -> Vec<RankInfo> {
+        (0..world)
+            .map(|rank| RankInfo {
+                rank,
+                hostname: format!("h{rank}"),
+                host_id: format!("h{rank}"),
+                pid: 100 + rank as u32,
+                device: DeviceInfo {
+                    vendor: Vendor::Cpu,
+                    model: String::new(),
+                    index: 0,
+                    host_id: format!("h{rank}"),
+                    capabilities: DeviceCapabilities {
+                        host_addressable: true,
+                        copy_gbps: None,
+                        reduce_gbps: None,
+                    },
+                },
+                address: bcl_transport::PeerAddress::new(Vec::new()).expect("address"),
+                health: None,
+            })
+            .collect()
+    }
+
+    /// One window per rank of a 4-rank ring: link r-1 → r at `link(r)` GB/s, device at
+    /// `device(r)` GB/s, entry into collective `seq` late by `late(r)` ms.
+    fn windows(
+        seqs: std::ops::Range<u32>,
+        link: impl Fn(usize) -> f32,
+        device: impl Fn(usize) -> f64,
+        late: impl Fn(usize) -> u64,
+    ) -> Vec<Window> {
+        (0..4)
+            .map(|r| Window {
+                rank: r as u32,
+                ops: seqs.len() as u32,
+                links: vec![(((r + 3) % 4) as u32, vec![link(r); 8])],
+                device_bytes: 1 << 30,
+                device_secs: (1u64 << 30) as f64 / (device(r) * 1e9),
+                entries: seqs
+                    .clone()
+                    .map(|s| (s, 1_000_000 * u64::from(s) + 1000 * late(r)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn run(
+        d: &mut Detector,
+        rounds: u32,
+        make: impl Fn(std::ops::Range<u32>) -> Vec<Window>,
+    ) -> Vec<String> {
+        let mut raised = Vec::new();
+        for i in 0..rounds {
+            for w in make(i * 10..i * 10 + 10) {
+                d.add(w);
+            }
+            raised.extend(d.evaluate());
+        }
+        raised
+    }
+
+    #[test]
+    fn a_slow_link_is_named_after_three_windows_and_cleared_after_three_more() {
+        let mut d = Detector::new(peers(4));
+        let slow = |r| if r == 2 { 1.0 } else { 8.0 };
+        let raised = run(&mut d, 2, |s| windows(s, slow, |_| 10.0, |_| 0));
+        assert!(raised.is_empty(), "raised before 3 windows: {raised:?}");
+        let raised = run(&mut d, 1, |s| windows(s, slow, |_| 10.0, |_| 0));
+        assert_eq!(raised.len(), 1, "{raised:?}");
+        assert!(raised[0].starts_with("slow link rank 1 → rank 2 (h2): its messages arrive at 1.00 GB/s vs median 8.00 GB/s"), "{}", raised[0]);
+        assert_eq!(d.summary().verdicts.len(), 1);
+        run(&mut d, 2, |s| windows(s, |_| 8.0, |_| 10.0, |_| 0));
+        assert_eq!(d.summary().verdicts.len(), 1, "cleared too early");
+        run(&mut d, 1, |s| windows(s, |_| 8.0, |_| 10.0, |_| 0));
+        assert!(
+            d.summary().verdicts.is_empty(),
+            "not cleared: {:?}",
+            d.summary().verdicts
+        );
+        assert_eq!(d.summary().raised_total, 1);
+    }
+
+    #[test]
+    fn one_noisy_window_raises_nothing() {
+        let mut d = Detector::new(peers(4));
+        for i in 0..10 {
+            let noisy = i % 3 == 1;
+            let raised = run(&mut d, 1, |s| {
+                windows(
+                    s,
+                    |r| if noisy && r == 1 { 2.0 } else { 8.0 },
+                    |_| 10.0,
+                    |_| 0,
+                )
+            });
+            assert!(raised.is_empty(), "window {i}: {raised:?}");
+        }
+        assert_eq!(d.summary().raised_total, 0);
+    }
+
+    #[test]
+    fn a_slow_device_is_a_slow_rank_and_its_links_are_not_blamed() {
+        let mut d = Detector::new(peers(4));
+        // The slow device also slows the messages into it.
+        let raised = run(&mut d, 3, |s| {
+            windows(
+                s,
+                |r| if r == 3 { 1.0 } else { 8.0 },
+                |r| if r == 3 { 0.5 } else { 10.0 },
+                |_| 0,
+            )
+        });
+        assert_eq!(raised.len(), 1, "{raised:?}");
+        assert!(
+            raised[0].starts_with("slow rank 3 (host h3, pid 103, cpu:0): its device"),
+            "{}",
+            raised[0]
+        );
+    }
+
+    #[test]
+    fn a_rank_late_to_every_collective_is_a_straggler_and_nothing_else() {
+        let mut d = Detector::new(peers(4));
+        let raised = run(&mut d, 4, |s| {
+            windows(s, |_| 8.0, |_| 10.0, |r| if r == 1 { 30 } else { 0 })
+        });
+        assert_eq!(raised.len(), 1, "{raised:?}");
+        assert!(
+            raised[0].starts_with("straggler rank 1 (host h1"),
+            "{}",
+            raised[0]
+        );
+        let stat = &d.summary().ranks[1];
+        assert!(
+            stat.lateness_ms.is_some_and(|l| (l - 30.0).abs() < 0.5),
+            "{stat:?}"
+        );
+    }
+
+    #[test]
+    fn the_matrix_shows_every_link_and_the_verdicts() {
+        let mut d = Detector::new(peers(4));
+        run(&mut d, 3, |s| {
+            windows(s, |r| if r == 2 { 1.0 } else { 8.0 }, |_| 10.0, |_| 0)
+        });
+        let text = render(d.summary(), 4);
+        assert!(
+            text.contains("#       1       .       .    1.00       ."),
+            "{text}"
+        );
+        assert!(
+            text.contains("# slow-node verdict: slow link rank 1 → rank 2"),
+            "{text}"
+        );
+    }
 }

@@ -20,7 +20,7 @@ pub fn ip(args: &[&str]) {
 #[derive(Debug)]
 pub struct Mesh {
     pub namespaces: Vec<String>,
-    /// Unique among the meshes of this process: "<pid><n>".
+    /// Unique among the meshes of this process: the pid, then a counter.
     id: String,
 }
 

@@ -125,6 +125,15 @@ pub fn unix_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
+/// Tests that measure latencies or rates take this first, so that they run one at a time
+/// instead of competing for the CPUs (CI has two).
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Send `signal` (e.g. "STOP", "CONT", "KILL") to `child`.
 pub fn signal(child: &Child, signal: &str) {
     let ok = Command::new("kill")

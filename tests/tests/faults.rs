@@ -4,21 +4,13 @@
 //! its latency, measured from the injection; every wait is bounded.
 
 use bcl_core::UniqueId;
-use bcl_tests::procs::{Finished, RankSpec, finish, signal, spawn, unix_ms, wait_ready};
+use bcl_tests::procs::{
+    Finished, RankSpec, finish, one_at_a_time, signal, spawn, unix_ms, wait_ready,
+};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
-
-/// The tests measure detection latencies: run them one at a time, not competing for the
-/// CPUs (CI has two).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn new_id() -> String {
     UniqueId::new("127.0.0.1".parse().expect("ip"))
@@ -86,7 +78,7 @@ fn assert_verdict(
 
 #[test]
 fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let dump = std::env::temp_dir().join(format!("bcl-dump-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dump);
     let dump_dir = dump.to_str().expect("path").to_string();
@@ -155,7 +147,7 @@ fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped() {
 
 #[test]
 fn a_stopped_rank_is_named_unresponsive_within_three_seconds() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let loop_env = [("BCL_TEST_ITERS", "1000000"), ("BCL_TEST_ELEMS", "1048576")];
     let mut children = start(4, "loop", &loop_env);
     wait_ready(&mut children);
@@ -176,7 +168,7 @@ fn a_stopped_rank_is_named_unresponsive_within_three_seconds() {
 
 #[test]
 fn a_pause_shorter_than_the_hang_timeout_raises_nothing() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let loop_env = [("BCL_TEST_ITERS", "300"), ("BCL_TEST_ELEMS", "65536")];
     let mut children = start(4, "loop", &loop_env);
     wait_ready(&mut children);
@@ -203,7 +195,7 @@ fn a_pause_shorter_than_the_hang_timeout_raises_nothing() {
 
 #[test]
 fn a_rank_late_in_user_code_is_reported_alive_and_not_yet_called() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let env = [("BCL_TEST_SLEEPER", "1"), ("BCL_TEST_SLEEP_MS", "3500")];
     let children = start(4, "sleepy", &env);
     let finished = finish_all(children, Duration::from_secs(60));
@@ -236,7 +228,7 @@ fn a_rank_late_in_user_code_is_reported_alive_and_not_yet_called() {
 
 #[test]
 fn desynchronised_calls_fail_every_rank_within_a_second_naming_both_sides() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let variants: [(&str, [&str; 2]); 5] = [
         ("op", ["float max", "float sum"]),
         ("count", ["999 x float", "1000 x float"]),
@@ -276,7 +268,7 @@ fn desynchronised_calls_fail_every_rank_within_a_second_naming_both_sides() {
 
 #[test]
 fn a_rank_killed_during_rendezvous_hangs_no_one() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let env = [("BCL_INIT_TIMEOUT_S", "3")];
     let mut children = start(4, "suite", &env);
     let mut victim = children.remove(3);

@@ -6,7 +6,7 @@
 
 use bcl_core::UniqueId;
 use bcl_tests::netns::Mesh;
-use bcl_tests::procs::{RankSpec, signal, spawn};
+use bcl_tests::procs::{RankSpec, one_at_a_time, signal, spawn};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command};
@@ -14,15 +14,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
-
-/// Rates and timings are measured: one test at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// Ranks running the `watch` scenario, with rank 0's health lines streamed to a channel.
 struct Watch {
@@ -131,7 +122,7 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 /// Throttle one ring link to `fraction` of its measured rate; the detector must name exactly
 /// that link as slow within 10 s.
 fn throttled_link_is_named(fraction: f64) {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let mesh = Mesh::create();
     let root: std::net::SocketAddr = format!("{}:29613", Mesh::address(0)).parse().expect("addr");
     let id = UniqueId::at(root).expect("id").to_string();
@@ -220,69 +211,56 @@ fn a_link_throttled_to_half_is_named_as_the_slow_link() {
     throttled_link_is_named(0.5);
 }
 
-#[test]
-fn a_slow_sim_device_is_named_as_a_slow_rank_not_a_slow_link() {
-    let _serial = serial();
-    let id = local_id();
-    let watch = Watch::start(
-        4,
-        &id,
-        &|rank| {
-            let device = if rank == 2 {
-                "sim:copy=1:reduce=1"
-            } else {
-                "cpu"
-            };
-            env(&[
-                ("BCL_DEVICE", device),
-                ("BCL_TEST_SECONDS", "20"),
-                ("BCL_TEST_ELEMS", "262144"),
-            ])
-        },
-        &|_| Vec::new(),
-    );
+/// Four local ranks with `env_of(rank)`: the one verdict rank 0's detector raises.
+fn the_only_verdict(env_of: &dyn Fn(usize) -> Vec<(String, String)>) -> String {
+    let _serial = one_at_a_time();
+    let watch = Watch::start(4, &local_id(), env_of, &|_| Vec::new());
     let (report, _) = watch
         .first_verdict(Duration::from_secs(15))
         .expect("a verdict");
     let lines = verdicts(&report);
     eprintln!("{lines:?}");
-    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines.len(), 1, "exactly one verdict expected: {lines:?}");
+    lines[0].clone()
+}
+
+#[test]
+fn a_slow_sim_device_is_named_as_a_slow_rank_not_a_slow_link() {
+    let line = the_only_verdict(&|rank| {
+        let device = if rank == 2 {
+            "sim:copy=1:reduce=1"
+        } else {
+            "cpu"
+        };
+        env(&[
+            ("BCL_DEVICE", device),
+            ("BCL_TEST_SECONDS", "20"),
+            ("BCL_TEST_ELEMS", "262144"),
+        ])
+    });
     assert!(
-        lines[0].starts_with("slow rank 2 (host") && lines[0].contains("sim:"),
-        "{lines:?}"
+        line.starts_with("slow rank 2 (host") && line.contains("sim:"),
+        "{line}"
     );
-    assert!(lines[0].contains("not a slow link"), "{lines:?}");
+    assert!(line.contains("not a slow link"), "{line}");
 }
 
 #[test]
 fn a_rank_that_sleeps_before_each_collective_is_named_a_straggler() {
-    let _serial = serial();
-    let id = local_id();
-    let watch = Watch::start(
-        4,
-        &id,
-        &|_| {
-            env(&[
-                ("BCL_TEST_LATE_RANK", "1"),
-                ("BCL_TEST_LATE_MS", "20"),
-                ("BCL_TEST_SECONDS", "20"),
-                ("BCL_TEST_ELEMS", "65536"),
-            ])
-        },
-        &|_| Vec::new(),
-    );
-    let (report, _) = watch
-        .first_verdict(Duration::from_secs(15))
-        .expect("a verdict");
-    let lines = verdicts(&report);
-    eprintln!("{lines:?}");
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("straggler rank 1 (host"), "{lines:?}");
+    let line = the_only_verdict(&|_| {
+        env(&[
+            ("BCL_TEST_LATE_RANK", "1"),
+            ("BCL_TEST_LATE_MS", "20"),
+            ("BCL_TEST_SECONDS", "20"),
+            ("BCL_TEST_ELEMS", "65536"),
+        ])
+    });
+    assert!(line.starts_with("straggler rank 1 (host"), "{line}");
 }
 
 #[test]
 fn a_healthy_run_beside_a_cpu_hog_raises_nothing_in_two_minutes() {
-    let _serial = serial();
+    let _serial = one_at_a_time();
     let mut hog = Command::new("sh")
         .args(["-c", "while :; do :; done"])
         .spawn()

@@ -6,10 +6,11 @@
 //! executor on its own thread (no hand-off, and the borrowed slices never leave the call).
 
 use crate::bootstrap;
-use crate::config::{CommConfig, Launch, TransportKind, process_env};
+use crate::config::{CommConfig, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
 use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
+use crate::launch::{Launch, Rendezvous};
 use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
 use crate::signature::Signature;
 use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
@@ -18,7 +19,7 @@ use crate::work::{Work, WorkState};
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{Accelerator, DataType, DeviceBuffer, Element, ReduceOp, open_device};
 use bcl_transport::mem::MemFabric;
-use bcl_transport::store::{MemoryStore, Store, TcpStore, TcpStoreServer};
+use bcl_transport::store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServer};
 use bcl_transport::tcp::{TcpConfig, TcpTransport};
 use bcl_transport::{Secret, Transport, TransportError};
 use crossbeam::channel::{Receiver, Sender, unbounded};
@@ -89,6 +90,8 @@ pub struct Communicator {
     jobs: Option<Sender<DeviceJob>>,
     progress: Option<JoinHandle<()>>,
     _store_server: Option<TcpStoreServer>,
+    /// A rendezvous directory rank 0 removes when the communicator goes.
+    rendezvous_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -142,11 +145,66 @@ impl Communicator {
         Ok(comm)
     }
 
-    /// Join using the launcher's environment (see [`Launch::from_env`]) and `BCL_*` settings.
+    /// Join using the launcher's environment (see [`crate::launch`]) and `BCL_*` settings.
+    /// Without `BCL_BIND_IP`, ranks listen on the address that reaches the rendezvous root.
     pub fn init_from_env() -> Result<Self> {
         let launch = Launch::from_env(&process_env)?;
-        let config = CommConfig::default().with_env(&process_env)?;
-        Self::init(launch.rank, launch.world, &launch.unique_id, config)
+        let mut config = CommConfig::default().with_env(&process_env)?;
+        if process_env("BCL_BIND_IP").is_none()
+            && let Some(ip) = launch.bind_ip()
+        {
+            config.bind_ip = ip;
+        }
+        Self::init_launched(&launch, config)
+    }
+
+    /// Join as `launch` says: through rank 0's store, or through a directory.
+    pub fn init_launched(launch: &Launch, config: CommConfig) -> Result<Self> {
+        let (rank, world) = (launch.rank, launch.world);
+        check_rank(rank, world)?;
+        let dir = match &launch.rendezvous {
+            Rendezvous::Root(id) => return Self::init(rank, world, id, config),
+            Rendezvous::Directory(dir) => dir,
+        };
+        let failed = |what: &str, e: &dyn std::fmt::Display| Error::Bootstrap {
+            rank,
+            reason: format!("rendezvous directory {}: {what}: {e}", dir.display()),
+        };
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| failed("cannot create it", &e))?;
+        }
+        let store = FileStore::new(dir).map_err(|e| failed("unusable", &e))?;
+        let deadline = Instant::now() + config.init_timeout;
+        let key = format!("{}/secret", config.store_prefix);
+        // Rank 0 makes the secret; the directory is private to this user.
+        let secret = if rank == 0 {
+            let s = Secret::random().map_err(|e| Error::Unavailable(e.to_string()))?;
+            store
+                .set(&key, s.to_hex().as_bytes())
+                .map_err(|e| failed("cannot write the secret", &e))?;
+            s
+        } else {
+            let raw = store
+                .get(&key, deadline)
+                .map_err(|e| Error::BootstrapTimeout {
+                    rank,
+                    missing: vec![0],
+                    waited_s: config.init_timeout.as_secs_f64(),
+                    detail: format!("waiting for rank 0 in {}: {e}", dir.display()),
+                })?;
+            Secret::from_hex(&String::from_utf8_lossy(&raw))
+                .ok_or_else(|| failed("holds no valid secret", &"(corrupt)"))?
+        };
+        let mut comm = Self::init_with_store(rank, world, Arc::new(store), secret, config)?;
+        if rank == 0 {
+            comm.rendezvous_dir = Some(dir.clone());
+        }
+        Ok(comm)
     }
 
     /// `world` ranks as threads of this process, joined by the in-process transport (unless
@@ -305,6 +363,7 @@ impl Communicator {
             jobs: Some(tx),
             progress: Some(progress),
             _store_server: None,
+            rendezvous_dir: None,
         })
     }
 
@@ -1152,5 +1211,8 @@ impl Drop for Communicator {
         }
         drop(engine);
         self.shared.health.shutdown();
+        if let Some(dir) = self.rendezvous_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

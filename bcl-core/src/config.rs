@@ -3,7 +3,6 @@
 use crate::error::{Error, Result};
 use crate::health::HealthConfig;
 use crate::schedule::Algorithm;
-use crate::unique_id::UniqueId;
 use bcl_backends::DeviceSpec;
 use bcl_transport::mem::MemFabric;
 use std::net::{IpAddr, Ipv4Addr};
@@ -90,20 +89,6 @@ impl Default for CommConfig {
     }
 }
 
-/// Rank, world size and unique id as a launcher hands them over.
-#[derive(Clone, Debug)]
-pub struct Launch {
-    pub rank: usize,
-    pub world: usize,
-    pub unique_id: UniqueId,
-}
-
-fn first(get: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Option<(String, String)> {
-    names
-        .iter()
-        .find_map(|n| get(n).map(|v| (n.to_string(), v)))
-}
-
 fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
     value.trim().parse().map_err(|_| {
         Error::InvalidArgument(format!(
@@ -185,42 +170,7 @@ impl CommConfig {
     }
 }
 
-impl Launch {
-    /// Rank, world size and unique id from the environment: `BCL_RANK` (or `RANK`,
-    /// `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`), `BCL_WORLD_SIZE` (or `WORLD_SIZE`,
-    /// `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS`) and `BCL_UNIQUE_ID`.
-    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
-        let missing = |what: &str, names: &[&str]| {
-            Error::InvalidArgument(format!(
-                "{what} not set: none of {names:?} is in the environment"
-            ))
-        };
-        let rank_vars = [
-            "BCL_RANK",
-            "RANK",
-            "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK",
-            "SLURM_PROCID",
-        ];
-        let world_vars = [
-            "BCL_WORLD_SIZE",
-            "WORLD_SIZE",
-            "OMPI_COMM_WORLD_SIZE",
-            "PMI_SIZE",
-            "SLURM_NTASKS",
-        ];
-        let (rn, rv) = first(get, &rank_vars).ok_or_else(|| missing("rank", &rank_vars))?;
-        let (wn, wv) = first(get, &world_vars).ok_or_else(|| missing("world size", &world_vars))?;
-        let id = get("BCL_UNIQUE_ID").ok_or_else(|| missing("unique id", &["BCL_UNIQUE_ID"]))?;
-        Ok(Launch {
-            rank: number(&rn, &rv)?,
-            world: number(&wn, &wv)?,
-            unique_id: id.parse()?,
-        })
-    }
-}
-
-/// The process environment, for [`CommConfig::with_env`] and [`Launch::from_env`].
+/// The process environment, for [`CommConfig::with_env`] and [`crate::launch::Launch::from_env`].
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -239,16 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn launcher_variables_and_overrides() {
-        let id = "bcl://127.0.0.1:29500/000102030405060708090a0b0c0d0e0f";
-        let l = Launch::from_env(&env(&[
-            ("OMPI_COMM_WORLD_RANK", "3"),
-            ("WORLD_SIZE", "8"),
-            ("BCL_UNIQUE_ID", id),
-        ]))
-        .expect("launch");
-        assert_eq!((l.rank, l.world), (3, 8));
-        assert_eq!(l.unique_id.to_string(), id);
+    fn environment_overrides() {
         let c = CommConfig::default()
             .with_env(&env(&[
                 ("BCL_DEVICE", "sim:copy=2"),
@@ -272,13 +213,6 @@ mod tests {
         assert!(e.to_string().contains("BCL_HEALTH='maybe'"), "{e}");
         assert_eq!(c.device.to_string(), "sim:copy=2");
         assert_eq!(c.op_timeout, Duration::from_millis(1500));
-        let e = Launch::from_env(&env(&[
-            ("RANK", "x"),
-            ("WORLD_SIZE", "2"),
-            ("BCL_UNIQUE_ID", id),
-        ]))
-        .expect_err("bad rank");
-        assert!(e.to_string().contains("RANK='x'"), "{e}");
         let e = CommConfig::default()
             .with_env(&env(&[("BCL_DEVICE", "tpu")]))
             .expect_err("bad device");

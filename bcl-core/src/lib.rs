@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod health;
+pub mod launch;
 pub mod schedule;
 pub mod signature;
 pub mod topology;

@@ -5,7 +5,7 @@
 use crate::guard::{call, last_error};
 use crate::registry;
 use crate::types::*;
-use bcl_core::config::{Launch, process_env};
+use bcl_core::config::process_env;
 use bcl_core::{Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -331,11 +331,7 @@ pub unsafe extern "C" fn bclCommInitRankConfig(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclCommInitFromEnv(comm: *mut BclComm) -> BclResult {
     call("bclCommInitFromEnv", || {
-        init(comm, || {
-            let launch = Launch::from_env(&process_env)?;
-            let config = CommConfig::default().with_env(&process_env)?;
-            Communicator::init(launch.rank, launch.world, &launch.unique_id, config)
-        })
+        init(comm, Communicator::init_from_env)
     })
 }
 

@@ -26,6 +26,18 @@ impl Secret {
         Ok(Secret(b))
     }
 
+    /// A secret every holder of `text` derives alike (SHA-256 of it, truncated): for
+    /// launchers that hand ranks no secret of ours, it keeps jobs from mixing up, not an
+    /// attacker out.
+    pub fn derive(text: &str) -> Self {
+        use sha2::Digest;
+        let digest =
+            Sha256::digest([b"bcl-derived-secret-v1:".as_slice(), text.as_bytes()].concat());
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&digest[..16]);
+        Secret(b)
+    }
+
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }

@@ -4,6 +4,7 @@ use crate::args::Args;
 use crate::sweep;
 use crate::table::Measurement;
 use bcl_core::health::slow::{Summary, render};
+use bcl_core::launch::Launch;
 use bcl_core::{Communicator, UniqueId};
 use std::io::Write;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -142,6 +143,26 @@ pub fn run_worker(args: &Args, rank: usize, id: &str) -> Outcome {
     match Communicator::init(rank, args.nranks, &id, config) {
         Ok(comm) => run_rank(&comm, args),
         Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// One rank started by a launcher (mpirun, srun, torchrun): rank, world size and rendezvous
+/// from its environment (see `bcl_core::launch`).
+pub fn run_launched(args: &Args, launch: &Launch) -> Outcome {
+    let mut args = args.clone();
+    args.nranks = launch.world;
+    let mut config = match args.config(launch.rank) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e),
+    };
+    if bcl_core::config::process_env("BCL_BIND_IP").is_none()
+        && let Some(ip) = launch.bind_ip()
+    {
+        config.bind_ip = ip;
+    }
+    match Communicator::init_launched(launch, config) {
+        Ok(comm) => run_rank(&comm, &args),
+        Err(e) => Outcome::Failed(format!("{} rank {}: {e}", launch.launcher, launch.rank)),
     }
 }
 

@@ -23,12 +23,29 @@ fn main() -> ExitCode {
         eprintln!("bcl-bench: {e}");
         return ExitCode::from(2);
     }
-    if args.nranks == 0 || args.root >= args.nranks {
+    // Started by a launcher as one rank of several: that is the job, whatever --nranks says.
+    let launched = match (&args.worker_rank, args.in_threads()) {
+        (None, false) => bcl_core::launch::Launch::from_env(&bcl_core::config::process_env)
+            .ok()
+            .filter(|l| l.world > 1),
+        _ => None,
+    };
+    if let Some(l) = &launched
+        && args.root >= l.world
+    {
+        eprintln!(
+            "bcl-bench: -r must be below the launcher's world size {}",
+            l.world
+        );
+        return ExitCode::from(2);
+    }
+    if launched.is_none() && (args.nranks == 0 || args.root >= args.nranks) {
         eprintln!("bcl-bench: --nranks must be at least 1 and -r below it");
         return ExitCode::from(2);
     }
-    let outcome = match (&args.worker_rank, &args.unique_id) {
-        (Some(rank), Some(id)) => launch::run_worker(&args, *rank, id),
+    let outcome = match (&args.worker_rank, &args.unique_id, &launched) {
+        (_, _, Some(l)) => launch::run_launched(&args, l),
+        (Some(rank), Some(id), None) => launch::run_worker(&args, *rank, id),
         _ if args.in_threads() => launch::run_threads(&args),
         _ => launch::run_processes(&args),
     };

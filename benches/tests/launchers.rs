@@ -129,3 +129,29 @@ fn torchrun_variables_rendezvous_at_master_port_plus_one() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
 }
+
+#[test]
+fn srun_on_a_single_node_slurm_cluster() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/slurm-single-node.sh"
+    );
+    let started = Command::new("timeout")
+        .args(["180", "bash", script, "start"])
+        .output()
+        .expect("run the Slurm setup script");
+    assert!(
+        started.status.success(),
+        "single-node Slurm did not start (needs root and Debian's slurmctld, slurmd, munge): {}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let out = Command::new("srun")
+        .args(["-n", "4", "--overcommit", "-t", "5", BENCH, "allreduce"])
+        .args(["-b", "8", "-e", "1M", "-f", "8", "-n", "3", "-w", "1"])
+        .output()
+        .expect("srun");
+    let _ = Command::new("bash").args([script, "stop"]).status();
+    // srun gathers every task's stdout; only rank 0 prints the table.
+    let table = assert_table_ok(&out, 4);
+    assert_eq!(table.matches("# Avg bus bandwidth").count(), 1, "{table}");
+}

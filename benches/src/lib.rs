@@ -12,6 +12,7 @@ pub mod args;
 pub mod buffers;
 pub mod launch;
 pub mod pattern;
+pub mod plot;
 pub mod sweep;
 pub mod table;
 

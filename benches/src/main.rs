@@ -10,6 +10,16 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("plot") {
+        return match bcl_bench::plot::main(&argv[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bcl-bench: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = Args::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

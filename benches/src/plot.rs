@@ -129,7 +129,7 @@ fn panel(
     let pts = series.iter().flat_map(|s| s.points.iter());
     let xs: Vec<f64> = pts.clone().map(|p| p.0.max(1.0).log2()).collect();
     let ys: Vec<f64> = pts
-        .map(|p| y_of(p))
+        .map(y_of)
         .filter(|y| y.is_finite() && *y > 0.0)
         .collect();
     let (xmin, xmax) = (

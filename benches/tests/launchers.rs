@@ -7,6 +7,21 @@ use std::process::{Command, Output};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_bcl-bench");
 
+/// A short allreduce sweep, 8 B to 1 MiB.
+const SWEEP: [&str; 11] = [
+    "allreduce",
+    "-b",
+    "8",
+    "-e",
+    "1M",
+    "-f",
+    "8",
+    "-n",
+    "3",
+    "-w",
+    "1",
+];
+
 /// The data rows of the table, checked for `#wrong` 0 in both placements.
 fn assert_table_ok(out: &Output, ranks: usize) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -38,20 +53,8 @@ fn mpirun(np: usize, extra: &[&str]) -> Output {
             &np.to_string(),
         ])
         .args(extra)
-        .args([
-            BENCH,
-            "allreduce",
-            "-b",
-            "8",
-            "-e",
-            "1M",
-            "-f",
-            "8",
-            "-n",
-            "3",
-            "-w",
-            "1",
-        ])
+        .arg(BENCH)
+        .args(SWEEP)
         .output()
         .expect("mpirun not found: install Debian's openmpi-bin (scripts/test.sh does)")
 }
@@ -96,19 +99,7 @@ fn torchrun_variables_rendezvous_at_master_port_plus_one() {
     let children: Vec<_> = (0..3)
         .map(|rank| {
             Command::new(BENCH)
-                .args([
-                    "allreduce",
-                    "-b",
-                    "8",
-                    "-e",
-                    "1M",
-                    "-f",
-                    "8",
-                    "-n",
-                    "3",
-                    "-w",
-                    "1",
-                ])
+                .args(SWEEP)
                 .env("RANK", rank.to_string())
                 .env("LOCAL_RANK", rank.to_string())
                 .env("WORLD_SIZE", "3")
@@ -146,8 +137,8 @@ fn srun_on_a_single_node_slurm_cluster() {
         String::from_utf8_lossy(&started.stderr)
     );
     let out = Command::new("srun")
-        .args(["-n", "4", "--overcommit", "-t", "5", BENCH, "allreduce"])
-        .args(["-b", "8", "-e", "1M", "-f", "8", "-n", "3", "-w", "1"])
+        .args(["-n", "4", "--overcommit", "-t", "5", BENCH])
+        .args(SWEEP)
         .output()
         .expect("srun");
     let _ = Command::new("bash").args([script, "stop"]).status();

@@ -345,6 +345,7 @@ impl<'p> Executor<'p> {
                 tag,
                 into,
                 reduce,
+                seed,
             } => {
                 let carried = self
                     .carried
@@ -374,6 +375,12 @@ impl<'p> Executor<'p> {
                     })
                 } else {
                     let started = Instant::now();
+                    if let Some(seed) = seed
+                        && let Err(e) = memory.copy(*seed, *into, esize, ctx)
+                    {
+                        transport.release(message);
+                        return Err(e);
+                    }
                     let done = if *reduce {
                         memory.reduce_into(*into, esize, data, ctx)
                     } else {

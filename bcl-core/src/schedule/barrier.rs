@@ -27,6 +27,7 @@ pub(crate) fn dissemination(b: &mut PlanBuilder, layout: &Layout) {
                 tag: round,
                 into: empty,
                 reduce: false,
+                seed: None,
             },
             &previous,
         );

@@ -52,6 +52,7 @@ pub(crate) fn broadcast(
                 tag,
                 into: Region::new(Output, o, l),
                 reduce: false,
+                seed: None,
             });
         }
         if index + 1 < n {
@@ -110,6 +111,7 @@ pub(crate) fn reduce(
                 tag,
                 into: region,
                 reduce: true,
+                seed: None,
             });
         }
         if rank != root {

@@ -183,7 +183,17 @@ pub fn check(case: &Case) -> Result<(), String> {
                 tag,
                 into,
                 reduce,
+                seed,
             } => {
+                if let Some(seed) = seed {
+                    if seed.len != into.len {
+                        return Err(at("seed and target of different lengths".into()));
+                    }
+                    let cells = region_cells(&mut ranks[r], seed).map_err(at)?.to_vec();
+                    region_cells(&mut ranks[r], into)
+                        .map_err(at)?
+                        .clone_from_slice(&cells);
+                }
                 let msg = net
                     .get_mut(&(*peer, r, *tag))
                     .and_then(VecDeque::pop_front)

@@ -55,6 +55,7 @@ pub(crate) fn all_to_all(
                 tag,
                 into: Region::new(Output, from * count + o, l),
                 reduce: false,
+                seed: None,
             });
         });
     }
@@ -77,6 +78,7 @@ pub(crate) fn recv(b: &mut PlanBuilder, peer: usize, count: usize, slice: usize)
             tag,
             into: Region::new(Output, o, l),
             reduce: false,
+            seed: None,
         });
     });
 }

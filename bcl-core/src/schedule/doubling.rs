@@ -66,6 +66,7 @@ pub(crate) fn allreduce(
                 tag: 0,
                 into: buf,
                 reduce: true,
+                seed: None,
             });
         }
     }
@@ -75,6 +76,7 @@ pub(crate) fn allreduce(
             tag: final_tag,
             into: buf,
             reduce: false,
+            seed: None,
         });
         return;
     };
@@ -90,6 +92,7 @@ pub(crate) fn allreduce(
             tag: r + 1,
             into: buf,
             reduce: true,
+            seed: None,
         });
     }
     if reduction.average {

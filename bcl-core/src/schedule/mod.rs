@@ -270,10 +270,8 @@ pub fn build_plan(
         }
         Collective::AllReduce { op } => {
             let chunks = Chunks::new((0..n).map(|c| part(count, n, c)).collect(), slice);
-            if !in_place {
-                copy_sliced(&mut b, Region::new(Input, 0, count), Output, 0, slice);
-            }
-            reduce_scatter_steps(&mut b, layout, &chunks, Output, 0, reduction(op));
+            let source = (!in_place).then_some(Input);
+            reduce_scatter_steps(&mut b, layout, &chunks, Output, 0, reduction(op), source);
             allgather_steps(&mut b, layout, &chunks, Output, phase_tags(layout, &chunks));
         }
         Collective::AllGather => {
@@ -301,7 +299,7 @@ pub fn build_plan(
             b.scratch(all);
             let source = if in_place { Output } else { Input };
             copy_sliced(&mut b, Region::new(source, 0, all), Scratch, 0, slice);
-            reduce_scatter_steps(&mut b, layout, &chunks, Scratch, 0, reduction(op));
+            reduce_scatter_steps(&mut b, layout, &chunks, Scratch, 0, reduction(op), None);
             let home = if in_place { rank * count } else { 0 };
             copy_sliced(
                 &mut b,

@@ -45,12 +45,15 @@ pub enum Action {
     /// Send `from` to `peer` labelled `tag`.
     Send { peer: usize, tag: u32, from: Region },
     /// Receive the message `tag` from `peer` into `into`, reducing with what is there when
-    /// `reduce` is set, else overwriting.
+    /// `reduce` is set, else overwriting. With a `seed`, `into` is first set from it when the
+    /// message arrives (`into = seed ⊕ message`): an out-of-place reduction touches each
+    /// slice once, just in time and cache-hot, instead of copying the whole input up front.
     Recv {
         peer: usize,
         tag: u32,
         into: Region,
         reduce: bool,
+        seed: Option<Region>,
     },
     /// Copy between local regions.
     Copy { from: Region, to: Region },
@@ -102,7 +105,11 @@ impl PlanBuilder {
         let index = self.plan.steps.len();
         let accesses: Vec<(Region, bool)> = match &action {
             Action::Send { from, .. } => vec![(*from, false)],
-            Action::Recv { into, .. } => vec![(*into, true)],
+            Action::Recv { into, seed, .. } => {
+                let mut a = vec![(*into, true)];
+                a.extend(seed.map(|s| (s, false)));
+                a
+            }
             Action::Copy { from, to } => vec![(*from, false), (*to, true)],
             Action::Divide { region } => vec![(*region, true)],
         };

@@ -57,6 +57,11 @@ impl Chunks {
 /// One pass around the ring: at step k = 0..n-2, position p sends chunk p-k-`lag` to the next
 /// position and receives chunk p-k-`lag`-1 from the previous one, reducing it into `buf` or
 /// overwriting. Tags `tag_base + k * slices + s`.
+///
+/// `source`: where this rank's own data is when `buf` does not hold it yet (out of place).
+/// Step 0 then sends straight from it, and each reduction seeds its target from it: every
+/// chunk is received once per pass, so nothing needs copying beforehand.
+#[allow(clippy::too_many_arguments)]
 fn ring_pass(
     b: &mut PlanBuilder,
     layout: &Layout,
@@ -65,6 +70,7 @@ fn ring_pass(
     tag_base: u32,
     lag: usize,
     reduce: bool,
+    source: Option<BufferId>,
 ) {
     let (n, p) = (layout.world(), layout.position());
     let (next, prev) = (layout.next(), layout.prev());
@@ -73,7 +79,10 @@ fn ring_pass(
         let recv_chunk = (p + 2 * n - k - lag - 1) % n;
         for s in 0..chunks.slices {
             let tag = tag_base + (k * chunks.slices + s) as u32;
-            let from = chunks.region(buf, send_chunk, s);
+            let from = match source {
+                Some(src) if k == 0 => chunks.region(src, send_chunk, s),
+                _ => chunks.region(buf, send_chunk, s),
+            };
             if from.len > 0 {
                 b.push(Action::Send {
                     peer: next,
@@ -88,6 +97,7 @@ fn ring_pass(
                     tag,
                     into,
                     reduce,
+                    seed: source.map(|src| chunks.region(src, recv_chunk, s)),
                 });
             }
         }
@@ -95,6 +105,8 @@ fn ring_pass(
 }
 
 /// Reduce-scatter on `buf`: afterwards ring position p holds the full reduction of chunk p.
+/// With `source`, this rank's contribution is read from there instead of `buf` (out of
+/// place; `buf` needs no copy of it first).
 pub(crate) fn reduce_scatter_steps(
     b: &mut PlanBuilder,
     layout: &Layout,
@@ -102,8 +114,23 @@ pub(crate) fn reduce_scatter_steps(
     buf: BufferId,
     tag_base: u32,
     reduction: Reduction,
+    source: Option<BufferId>,
 ) {
-    ring_pass(b, layout, chunks, buf, tag_base, 1, true);
+    ring_pass(b, layout, chunks, buf, tag_base, 1, true, source);
+    // With one rank there is no pass: the result is the source itself.
+    if let Some(src) = source
+        && layout.world() == 1
+    {
+        for s in 0..chunks.slices {
+            let to = chunks.region(buf, 0, s);
+            if to.len > 0 {
+                b.push(Action::Copy {
+                    from: chunks.region(src, 0, s),
+                    to,
+                });
+            }
+        }
+    }
     if reduction.average {
         for s in 0..chunks.slices {
             let region = chunks.region(buf, layout.position(), s);
@@ -122,7 +149,7 @@ pub(crate) fn allgather_steps(
     buf: BufferId,
     tag_base: u32,
 ) {
-    ring_pass(b, layout, chunks, buf, tag_base, 0, false);
+    ring_pass(b, layout, chunks, buf, tag_base, 0, false, None);
 }
 
 /// Number of tags one ring phase uses.

@@ -220,14 +220,15 @@ fn rendezvous(get: Env<'_>, world: usize) -> Result<Rendezvous> {
     ))
 }
 
-/// A port for a Slurm step, the same on every node: 20000 + (job, step) hashed into 20000.
+/// A port for a Slurm step, the same on every node: (job, step) hashed into 20000..32768,
+/// below Linux's ephemeral range (32768..61000) so that no outgoing connection holds it.
 fn slurm_port(job: &str, step: &str) -> u16 {
     let h = format!("{job}.{step}")
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         });
-    20000 + (h % 20000) as u16
+    20000 + (h % 12768) as u16
 }
 
 /// The first host of a Slurm node list: `gpu[07-12,20],cpu1` → `gpu07`.
@@ -345,7 +346,7 @@ mod tests {
         let id = root(&l);
         assert!(id.addr.ip().is_loopback());
         assert_eq!(id.addr.port(), slurm_port("4242", "0"));
-        assert!((20000..40000).contains(&id.addr.port()));
+        assert!((20000..32768).contains(&id.addr.port()));
     }
 
     #[test]

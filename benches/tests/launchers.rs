@@ -136,7 +136,14 @@ fn srun_on_a_single_node_slurm_cluster() {
         "single-node Slurm did not start (needs root and Debian's slurmctld, slurmd, munge): {}",
         String::from_utf8_lossy(&started.stderr)
     );
+    // A port known to be free now (the default, derived from the job id, could be taken by
+    // another service on a shared machine; BCL_PORT is how a user picks one).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
     let out = Command::new("srun")
+        .env("BCL_PORT", port.to_string())
         .args(["-n", "4", "--overcommit", "-t", "5", BENCH])
         .args(SWEEP)
         .output()

@@ -21,9 +21,13 @@ rm -rf "$out"; mkdir -p "$out"
 for r in $(seq "$rounds"); do
   for np in 2 4; do
     bind=(--bind-to core); [ "$np" -gt "$(nproc)" ] && bind=(--oversubscribe --bind-to none)
-    # BCL: nccl-tests method (mean of back-to-back iterations), every power of two, sizes kept below.
-    "$bench" allreduce --nranks "$np" --transport tcp -b 8 -e 256M -f 2 -n 10 -w 3 \
-      --json "$out/bcl-np$np-r$r.json" > "$out/bcl-np$np-r$r.txt" 2>&1
+    # BCL: nccl-tests method (mean of back-to-back iterations); many iterations for small
+    # messages (the harnesses run each size for 1 s), few for large ones.
+    "$bench" allreduce --nranks "$np" --transport tcp -b 8 -e 64K -f 2 -n 1000 -w 100 \
+      --json "$out/small.json" > "$out/bcl-np$np-r$r.txt" 2>&1
+    "$bench" allreduce --nranks "$np" --transport tcp -b 128K -e 256M -f 2 -n 10 -w 3 \
+      --json "$out/large.json" >> "$out/bcl-np$np-r$r.txt" 2>&1
+    cat "$out/small.json" "$out/large.json" > "$out/bcl-np$np-r$r.json"
     timeout 900 mpirun -np "$np" "${bind[@]}" --mca pml ob1 --mca btl tcp,self \
       --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
       "$B/mpi_allreduce_bench" -s "$sizes" -t 1 -l openmpi-tcp > "$out/mpi-np$np-r$r.txt" 2>&1

@@ -18,13 +18,14 @@ run() { # variant binary health ranks args...
 }
 for _ in $(seq "$rounds"); do
   for ranks in 2 4; do
-    [ -n "$old" ] && run before "$old" on "$ranks" -b 8 -e 8 -n 3000 -w 300
-    run health-off "$new" off "$ranks" -b 8 -e 8 -n 3000 -w 300
-    run health-on "$new" on "$ranks" -b 8 -e 8 -n 3000 -w 300
+    iters=$((ranks == 2 ? 20000 : 5000))
+    [ -n "$old" ] && run before "$old" on "$ranks" -b 8 -e 8 -n "$iters" -w 500
+    run health-off "$new" off "$ranks" -b 8 -e 8 -n "$iters" -w 500
+    run health-on "$new" on "$ranks" -b 8 -e 8 -n "$iters" -w 500
   done
-  [ -n "$old" ] && run before "$old" on 2 -b 1M -e 64M -f 8 -n 20 -w 3
-  run health-off "$new" off 2 -b 1M -e 64M -f 8 -n 20 -w 3
-  run health-on "$new" on 2 -b 1M -e 64M -f 8 -n 20 -w 3
+  [ -n "$old" ] && run before "$old" on 2 -b 1M -e 64M -f 4 -n 20 -w 3
+  run health-off "$new" off 2 -b 1M -e 64M -f 4 -n 20 -w 3
+  run health-on "$new" on 2 -b 1M -e 64M -f 4 -n 20 -w 3
 done
 python3 - "$out" "$rounds" <<'PY'
 import statistics, sys

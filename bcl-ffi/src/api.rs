@@ -419,7 +419,6 @@ pub unsafe extern "C" fn bclCommHealthReport(
             .map(|p| serde_json::json!({"rank": p.rank, "host": p.hostname, "pid": p.pid, "device": p.device.to_string(), "model": p.device.model}))
             .collect();
         let mut report = c.health_report();
-        report["ring"] = serde_json::json!(c.ring());
         report["async_error"] = serde_json::json!(c.async_error());
         report["peers"] = serde_json::json!(peers);
         let report = report.to_string();

@@ -106,7 +106,8 @@ typedef struct {
   unsigned int magic;         /* BCL_CONFIG_MAGIC */
   unsigned int version;       /* BCL_VERSION_CODE */
   const char* device;         /* "cpu" (default), "sim", "sim:copy=GBPS:reduce=GBPS" */
-  const char* transport;      /* "auto" (default) or "tcp" */
+  const char* transport;      /* "auto" (default: shared memory to ranks on this host, tcp to
+                                 the others), "tcp" or "shm" (every rank on this host) */
   int socketsPerPeer;         /* TCP connections per peer; 0: default (2) */
   double initTimeoutSeconds;  /* how long init waits for every rank; 0: default (60) */
   double timeoutSeconds;      /* how long one collective may take; 0: default (300) */

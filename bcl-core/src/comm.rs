@@ -11,16 +11,16 @@ use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
 use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
 use crate::launch::{Launch, Rendezvous};
+use crate::links;
 use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
 use crate::signature::Signature;
-use crate::topology::{LinkKind, RankInfo, choose_link, ring_order};
+use crate::topology::{LinkKind, RankInfo, ring_order};
 use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{Accelerator, DataType, DeviceBuffer, Element, ReduceOp, open_device};
 use bcl_transport::mem::MemFabric;
 use bcl_transport::store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServer};
-use bcl_transport::tcp::{TcpConfig, TcpTransport};
 use bcl_transport::{Secret, Transport, TransportError};
 use crossbeam::channel::{Receiver, Sender, unbounded};
 use parking_lot::{Condvar, Mutex};
@@ -71,6 +71,8 @@ struct Shared {
     config: CommConfig,
     accelerator: Arc<dyn Accelerator>,
     peers: Vec<RankInfo>,
+    /// The transport of each link, by peer rank.
+    links: Vec<Option<LinkKind>>,
     engine: Mutex<Engine>,
     /// Device jobs enqueued and not yet finished.
     queued: Mutex<usize>,
@@ -262,19 +264,7 @@ impl Communicator {
         let started = Instant::now();
         let deadline = started + config.init_timeout;
         let accelerator = open_device(&config.device, config.device_index);
-        let mut transport: Box<dyn Transport> = match &config.transport {
-            TransportKind::Mem(fabric) => Box::new(fabric.endpoint(rank)),
-            TransportKind::Tcp | TransportKind::Auto => {
-                let mut tcp = TcpConfig::new(secret);
-                tcp.bind_ip = config.bind_ip;
-                tcp.sockets_per_peer = config.sockets_per_peer;
-                tcp.max_frame = tcp.max_frame.max(config.slice_bytes);
-                Box::new(TcpTransport::bind(tcp).map_err(|e| Error::Bootstrap {
-                    rank,
-                    reason: e.to_string(),
-                })?)
-            }
-        };
+        let endpoint = links::open(rank, &config, secret)?;
         let health =
             Health::start(rank, secret, config.bind_ip, config.health.clone()).map_err(|e| {
                 Error::Bootstrap {
@@ -288,7 +278,7 @@ impl Communicator {
             host_id: host_identity(),
             pid: std::process::id(),
             device: accelerator.info().clone(),
-            address: transport.address().clone(),
+            address: endpoint.address().clone(),
             health: health.address().map(|a| a.to_string()),
         };
         let peers = bootstrap::exchange(
@@ -299,29 +289,7 @@ impl Communicator {
             started,
             deadline,
         )?;
-        let connect: Vec<_> = peers
-            .iter()
-            .filter(|p| p.rank != rank)
-            .map(|p| (p.rank, p.address.clone()))
-            .collect();
-        for p in peers.iter().filter(|p| p.rank != rank) {
-            let link: LinkKind = choose_link(&config.transport, &me, p);
-            tracing::debug!(rank, peer = p.rank, ?link, "link chosen");
-        }
-        transport
-            .connect(rank, &connect, deadline)
-            .map_err(|e| match e {
-                TransportError::ConnectTimeout { missing, .. } => Error::BootstrapTimeout {
-                    rank,
-                    missing,
-                    waited_s: started.elapsed().as_secs_f64(),
-                    detail: "connecting the transport".into(),
-                },
-                other => Error::Bootstrap {
-                    rank,
-                    reason: other.to_string(),
-                },
-            })?;
+        let (transport, links) = endpoint.connect(&config, &me, &peers, started, deadline)?;
         let layout = Layout::new(rank, ring_order(&peers)).map_err(Error::Internal)?;
         health
             .watch(peers.clone(), layout.ring().to_vec(), deadline)
@@ -335,6 +303,7 @@ impl Communicator {
             config,
             accelerator,
             peers,
+            links,
             engine: Mutex::new(Engine {
                 transport,
                 layout,
@@ -388,6 +357,11 @@ impl Communicator {
     /// What every rank published at bootstrap, in rank order.
     pub fn peers(&self) -> &[RankInfo] {
         &self.shared.peers
+    }
+
+    /// The transport that carries the link to `peer` (`None` for this rank itself).
+    pub fn link(&self, peer: usize) -> Option<LinkKind> {
+        self.shared.links.get(peer).copied().flatten()
     }
 
     /// The ring order (position → rank) the ring algorithms use.

@@ -11,11 +11,13 @@ use std::time::Duration;
 /// Which transport a communicator uses between its ranks.
 #[derive(Clone, Debug, Default)]
 pub enum TransportKind {
-    /// Choose per peer: today TCP for every peer (shared memory for same-host peers and RDMA
-    /// come with their own transports).
+    /// Choose per peer: shared memory for a peer on the same host (same boot id and network
+    /// namespace), TCP otherwise.
     #[default]
     Auto,
     Tcp,
+    /// Shared memory only: every peer must be on this host.
+    Shm,
     /// In-process, for ranks that are threads of one process joined by this fabric.
     Mem(MemFabric),
 }
@@ -25,12 +27,13 @@ impl TransportKind {
         match text {
             "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
+            "shm" => Ok(TransportKind::Shm),
             "mem" => Err(Error::InvalidArgument(
                 "the mem transport joins threads of one process: use Communicator::init_threads"
                     .into(),
             )),
             other => Err(Error::InvalidArgument(format!(
-                "unknown transport '{other}' (auto, tcp, mem)"
+                "unknown transport '{other}' (auto, tcp, shm, mem)"
             ))),
         }
     }
@@ -39,6 +42,7 @@ impl TransportKind {
         match self {
             TransportKind::Auto => "auto",
             TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
             TransportKind::Mem(_) => "mem",
         }
     }

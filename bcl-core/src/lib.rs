@@ -24,6 +24,7 @@ pub mod error;
 pub mod exec;
 pub mod health;
 pub mod launch;
+mod links;
 pub mod schedule;
 pub mod signature;
 pub mod topology;

@@ -52,14 +52,44 @@ pub fn ring_order(infos: &[RankInfo]) -> Vec<usize> {
 pub enum LinkKind {
     Mem,
     Tcp,
+    Shm,
 }
 
-/// Which transport carries the link from `local` to `peer`. `Auto` picks TCP today for every
-/// peer; shared memory for same-host peers arrives with the shm transport.
-pub fn choose_link(requested: &TransportKind, _local: &RankInfo, _peer: &RankInfo) -> LinkKind {
+impl LinkKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Mem => "mem",
+            LinkKind::Tcp => "tcp",
+            LinkKind::Shm => "shm",
+        }
+    }
+}
+
+/// Which transport carries the link between `local` and `peer`; both ranks reach the same
+/// answer. `Auto`: shared memory when the two share a host (boot id and network namespace) and
+/// the peer offers it, TCP otherwise. `Shm` with a peer elsewhere is an error naming it.
+pub fn choose_link(
+    requested: &TransportKind,
+    local: &RankInfo,
+    peer: &RankInfo,
+    peer_offers_shm: bool,
+) -> Result<LinkKind, String> {
+    let same_host = local.host_id == peer.host_id;
     match requested {
-        TransportKind::Mem(_) => LinkKind::Mem,
-        TransportKind::Tcp | TransportKind::Auto => LinkKind::Tcp,
+        TransportKind::Mem(_) => Ok(LinkKind::Mem),
+        TransportKind::Tcp => Ok(LinkKind::Tcp),
+        TransportKind::Auto if same_host && peer_offers_shm => Ok(LinkKind::Shm),
+        TransportKind::Auto => Ok(LinkKind::Tcp),
+        TransportKind::Shm if same_host && peer_offers_shm => Ok(LinkKind::Shm),
+        TransportKind::Shm if same_host => Err(format!(
+            "transport shm was requested but {} offers no shared memory",
+            peer.label()
+        )),
+        TransportKind::Shm => Err(format!(
+            "transport shm was requested but {} is on another host than {} (use auto or tcp)",
+            peer.label(),
+            local.label()
+        )),
     }
 }
 
@@ -101,5 +131,28 @@ mod tests {
         ];
         assert_eq!(ring_order(&infos), vec![3, 1, 4, 0, 2]);
         assert!(infos[2].label().0.contains("rank 2 (host b"));
+    }
+
+    #[test]
+    fn auto_links_same_host_peers_by_shared_memory() {
+        let (a0, a1, b) = (
+            info(0, "a", Vendor::Cpu),
+            info(1, "a", Vendor::Sim),
+            info(2, "b", Vendor::Cpu),
+        );
+        let auto = TransportKind::Auto;
+        assert_eq!(choose_link(&auto, &a0, &a1, true), Ok(LinkKind::Shm));
+        assert_eq!(choose_link(&auto, &a1, &a0, true), Ok(LinkKind::Shm));
+        assert_eq!(choose_link(&auto, &a0, &a1, false), Ok(LinkKind::Tcp));
+        assert_eq!(choose_link(&auto, &a0, &b, true), Ok(LinkKind::Tcp));
+        assert_eq!(
+            choose_link(&TransportKind::Tcp, &a0, &a1, true),
+            Ok(LinkKind::Tcp)
+        );
+        let e = choose_link(&TransportKind::Shm, &a0, &b, true).expect_err("other host");
+        assert!(
+            e.contains("rank 2 (host b") && e.contains("another host"),
+            "{e}"
+        );
     }
 }

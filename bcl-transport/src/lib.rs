@@ -15,6 +15,9 @@
 pub mod auth;
 pub mod error;
 pub mod mem;
+mod poll;
+pub mod routes;
+pub mod shm;
 pub mod store;
 pub mod tcp;
 pub mod transport;

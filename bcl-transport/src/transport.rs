@@ -2,6 +2,7 @@
 
 use crate::error::TransportError;
 use std::fmt;
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 /// A message label chosen by the core; a receive matches the sender's tag exactly.
@@ -72,6 +73,17 @@ pub struct Received {
     pub transfer: Option<std::time::Duration>,
 }
 
+/// What [`Transport::prepare_wait`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Nothing can move now; the pushed descriptors signal when something may.
+    Sleep,
+    /// Something can move already: do not sleep.
+    Ready,
+    /// This transport has no descriptor to sleep on (the in-process transport).
+    Unsupported,
+}
+
 /// A non-blocking, poll-driven way to move tagged messages between ranks.
 ///
 /// The shape fits RDMA verbs: transport-owned slots are registered memory, `try_send` is a
@@ -112,6 +124,18 @@ pub trait Transport: Send + fmt::Debug {
 
     /// Sleep until bytes may move, or at most `timeout`.
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError>;
+
+    /// Get ready to sleep beside other transports in one `poll(2)` (see
+    /// [`crate::routes::Routes`]): push the descriptors whose readiness (readable, or also
+    /// writable where the flag is set) means bytes may move, and arm whatever wake-up the
+    /// transport needs. [`Readiness::Ready`]: something can move already, do not sleep.
+    /// Every call that does not answer `Unsupported` is followed by [`Transport::after_wait`].
+    fn prepare_wait(&mut self, _fds: &mut Vec<(RawFd, bool)>) -> Readiness {
+        Readiness::Unsupported
+    }
+
+    /// The sleep that [`Transport::prepare_wait`] prepared is over: disarm wake-ups.
+    fn after_wait(&mut self) {}
 
     /// Whether every queued send has left this process.
     fn flushed(&self) -> bool;

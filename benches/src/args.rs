@@ -55,7 +55,8 @@ pub struct Args {
     /// Device of each rank, cycled over the ranks: cpu, sim, sim:copy=GBPS:reduce=GBPS.
     #[arg(long, default_value = "cpu")]
     pub devices: String,
-    /// auto|tcp|mem (mem implies --threads).
+    /// auto|tcp|shm|mem (auto: shared memory to ranks on this host, tcp to the others; mem
+    /// implies --threads).
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Run the ranks as threads of this process instead of separate processes.

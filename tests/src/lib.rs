@@ -1,9 +1,9 @@
 //! The conformance harness: one suite, instantiated per transport × backend.
 //!
-//! Ranks run as threads of the test process (in-process or TCP transport on loopback); every
-//! rank runs the same list of cases in the same order and compares every output element with
-//! the closed form of `bcl_bench::pattern`. Failures are collected, not panicked, so one wrong
-//! case does not leave the other ranks waiting.
+//! Ranks run as threads of the test process (in-process, TCP on loopback, or shared-memory
+//! rings); every rank runs the same list of cases in the same order and compares every output
+//! element with the closed form of `bcl_bench::pattern`. Failures are collected, not panicked,
+//! so one wrong case does not leave the other ranks waiting.
 
 pub mod netns;
 pub mod procs;
@@ -25,19 +25,30 @@ pub enum Setup {
     TcpCpu,
     /// TCP on loopback, odd ranks on the simulated vendor (device buffers), even on cpu.
     TcpMixed,
+    /// Shared-memory rings, every rank on the cpu backend.
+    ShmCpu,
+    /// Shared-memory rings, odd ranks on the simulated vendor, even on cpu.
+    ShmMixed,
+}
+
+impl Setup {
+    fn mixed(self) -> bool {
+        matches!(self, Setup::TcpMixed | Setup::ShmMixed)
+    }
 }
 
 /// A config with bounded timeouts, so a broken case fails instead of hanging.
 pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
     CommConfig {
-        device: if setup == Setup::TcpMixed && rank % 2 == 1 {
+        device: if setup.mixed() && rank % 2 == 1 {
             "sim".parse::<DeviceSpec>().unwrap_or(DeviceSpec::Cpu)
         } else {
             DeviceSpec::Cpu
         },
         transport: match setup {
             Setup::MemCpu => TransportKind::Auto,
-            _ => TransportKind::Tcp,
+            Setup::TcpCpu | Setup::TcpMixed => TransportKind::Tcp,
+            Setup::ShmCpu | Setup::ShmMixed => TransportKind::Shm,
         },
         init_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_secs(30),

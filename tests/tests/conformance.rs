@@ -28,4 +28,15 @@ suite! {
     tcp_mixed_4: Setup::TcpMixed, 4;
     tcp_mixed_7: Setup::TcpMixed, 7;
     tcp_mixed_8: Setup::TcpMixed, 8;
+    shm_cpu_1: Setup::ShmCpu, 1;
+    shm_cpu_2: Setup::ShmCpu, 2;
+    shm_cpu_3: Setup::ShmCpu, 3;
+    shm_cpu_4: Setup::ShmCpu, 4;
+    shm_cpu_7: Setup::ShmCpu, 7;
+    shm_cpu_8: Setup::ShmCpu, 8;
+    shm_mixed_2: Setup::ShmMixed, 2;
+    shm_mixed_3: Setup::ShmMixed, 3;
+    shm_mixed_4: Setup::ShmMixed, 4;
+    shm_mixed_7: Setup::ShmMixed, 7;
+    shm_mixed_8: Setup::ShmMixed, 8;
 }

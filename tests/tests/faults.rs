@@ -1,6 +1,7 @@
 //! Fault detection with real processes and real signals, default health settings: a killed
-//! rank, a stopped rank, a short pause, a rank late in user code, desynchronised calls, and a
-//! rank killed during rendezvous. Each test asserts the verdict (which rank, which cause) and
+//! rank (over shared memory and over TCP), a stopped rank, a short pause, a rank late in user
+//! code, desynchronised calls, a rank killed during rendezvous, and one killed while setting up
+//! its shared-memory rings. Each test asserts the verdict (which rank, which cause) and
 //! its latency, measured from the injection; every wait is bounded.
 
 use bcl_core::UniqueId;
@@ -76,18 +77,41 @@ fn assert_verdict(
     }
 }
 
+/// Names in `/dev/shm` of rings created by any of `pids`.
+fn shm_names_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("bcl.{p}."))))
+        .collect()
+}
+
 #[test]
-fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped() {
+fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped_over_shm() {
+    killed_rank("auto");
+}
+
+#[test]
+fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped_over_tcp() {
+    killed_rank("tcp");
+}
+
+/// Four ranks on this host, `transport` between them (auto: shared memory), rank 2 killed
+/// mid-allreduce.
+fn killed_rank(transport: &str) {
     let _serial = one_at_a_time();
-    let dump = std::env::temp_dir().join(format!("bcl-dump-{}", std::process::id()));
+    let dump = std::env::temp_dir().join(format!("bcl-dump-{}-{transport}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dump);
     let dump_dir = dump.to_str().expect("path").to_string();
     let loop_env = [
         ("BCL_TEST_ITERS", "1000000"),
         ("BCL_TEST_ELEMS", "1048576"),
         ("BCL_DUMP_DIR", dump_dir.as_str()),
+        ("BCL_TRANSPORT", transport),
     ];
     let mut children = start(4, "loop", &loop_env);
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
     wait_ready(&mut children);
     let mut victim = children.remove(2);
     let killed_at = unix_ms();
@@ -143,6 +167,40 @@ fn a_killed_rank_is_named_dead_by_every_survivor_within_a_second_and_dumped() {
         assert_eq!(sent, 2 * 3 * (4 << 20) / 4, "rank {rank}: {first}");
     }
     let _ = std::fs::remove_dir_all(&dump);
+    // Rings are unlinked once connected: neither the victim nor the survivors leave any.
+    assert_eq!(shm_names_of(&pids), Vec::<String>::new());
+}
+
+/// A process killed while setting up its rings (its peer never came) leaves their names; the
+/// next communicator on the host removes them.
+#[test]
+fn rings_of_a_rank_killed_during_setup_are_reclaimed_by_the_next_init() {
+    let _serial = one_at_a_time();
+    let mut orphan = spawn(&RankSpec {
+        binary: RANK_BIN,
+        rank: 0,
+        world: 2,
+        id: &new_id(),
+        scenario: "shm-orphan",
+        env: &[],
+        wrapper: &[],
+    });
+    let pid = orphan.id();
+    wait_ready(std::slice::from_mut(&mut orphan));
+    signal(&orphan, "KILL");
+    let _ = orphan.wait();
+    assert_eq!(shm_names_of(&[pid]).len(), 1, "the orphan's ring name");
+    let config = bcl_core::CommConfig {
+        transport: bcl_core::TransportKind::Shm,
+        ..bcl_core::CommConfig::default()
+    };
+    let comms = bcl_core::Communicator::init_threads(2, config).expect("init over shm");
+    assert_eq!(
+        shm_names_of(&[pid]),
+        Vec::<String>::new(),
+        "stale ring left"
+    );
+    assert_eq!(comms[0].link(1), Some(bcl_core::topology::LinkKind::Shm));
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Ranks as real processes over TCP on loopback: the suite, mixed devices, and a rank that
-//! never arrives (faults are in `faults.rs`). Every wait is bounded; stuck processes are
+//! Ranks as real processes on this host, over shared memory (the default, auto) and over TCP on
+//! loopback: the suite, mixed devices, and a rank that never arrives (faults are in `faults.rs`). Every wait is bounded; stuck processes are
 //! killed and fail the test.
 
 use bcl_core::UniqueId;
@@ -26,14 +26,33 @@ fn new_id() -> UniqueId {
 }
 
 #[test]
-fn four_processes_run_the_suite() {
+fn four_processes_run_the_suite_over_shm() {
+    four_processes_run_the_suite("auto");
+}
+
+#[test]
+fn four_processes_run_the_suite_over_tcp() {
+    four_processes_run_the_suite("tcp");
+}
+
+fn four_processes_run_the_suite(transport: &str) {
     let id = new_id();
-    let children: Vec<Child> = (0..4).map(|r| spawn(r, 4, &id, "suite", &[])).collect();
+    let env = [("BCL_TRANSPORT", transport)];
+    let children: Vec<Child> = (0..4).map(|r| spawn(r, 4, &id, "suite", &env)).collect();
     let deadline = Instant::now() + Duration::from_secs(240);
     for (r, c) in children.into_iter().enumerate() {
         let f = finish(c, deadline, &format!("rank {r}"));
         assert_eq!(f.code, Some(0), "rank {r}: {}{}", f.stdout, f.stderr);
-        assert!(f.stdout.contains("0 failed"), "rank {r}: {}", f.stdout);
+        let link = if transport == "tcp" { "tcp" } else { "shm" };
+        let links: Vec<String> = (0..4)
+            .map(|p| format!("{p}={}", if p == r { "self" } else { link }))
+            .collect();
+        assert!(
+            f.stdout.contains(", 0 failed; ")
+                && f.stdout.contains(&format!("links {}", links.join(","))),
+            "rank {r}: {}",
+            f.stdout
+        );
     }
 }
 

@@ -1,7 +1,9 @@
-//! A link that goes down between two live ranks, for real: three ranks, each in its own
-//! network namespace (so each is a separate "host"), joined pairwise by veth pairs. Taking one
-//! veth down cuts ranks 0 and 1 apart while both still reach rank 2; every rank must report a
-//! link failure between 0 and 1 (not a dead or hung rank) within 3 s.
+//! Network namespaces as separate "hosts", joined pairwise by veth pairs:
+//! * a link that goes down between two live ranks, for real: three ranks, one per namespace.
+//!   Taking one veth down cuts ranks 0 and 1 apart while both still reach rank 2; every rank
+//!   must report a link failure between 0 and 1 (not a dead or hung rank) within 3 s;
+//! * the automatic transport choice: four ranks, two sharing a namespace, run the suite over
+//!   shared memory between those two and TCP everywhere else.
 //!
 //! Needs root (CI runs as root) and iproute2; it fails loudly without them, never skips.
 
@@ -68,6 +70,46 @@ fn a_veth_taken_down_is_reported_as_a_link_failure_between_those_two_ranks() {
             at <= cut_at + 3000,
             "rank {rank} reported {} ms after the cut: {line}",
             at.saturating_sub(cut_at)
+        );
+    }
+}
+
+#[test]
+fn auto_links_ranks_sharing_a_namespace_by_shared_memory_and_the_rest_by_tcp() {
+    let mesh = Mesh::create();
+    let root: std::net::SocketAddr = format!("{}:29612", Mesh::address(0)).parse().expect("addr");
+    let id = UniqueId::at(root).expect("id").to_string();
+    // Ranks 0 and 1 on "host" 0, rank 2 on host 1, rank 3 on host 2.
+    let host_of = [0, 0, 1, 2];
+    let children: Vec<_> = (0..4)
+        .map(|rank| {
+            let bind = Mesh::address(host_of[rank]);
+            let env = [("BCL_BIND_IP", bind.as_str()), ("BCL_TRANSPORT", "auto")];
+            spawn(&RankSpec {
+                binary: RANK_BIN,
+                rank,
+                world: 4,
+                id: &id,
+                scenario: "suite",
+                env: &env,
+                wrapper: &["ip", "netns", "exec", &mesh.namespaces[host_of[rank]]],
+            })
+        })
+        .collect();
+    let want = [
+        "links 0=self,1=shm,2=tcp,3=tcp",
+        "links 0=shm,1=self,2=tcp,3=tcp",
+        "links 0=tcp,1=tcp,2=self,3=tcp",
+        "links 0=tcp,1=tcp,2=tcp,3=self",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (rank, child) in children.into_iter().enumerate() {
+        let f = finish(child, deadline, &format!("rank {rank}"));
+        assert_eq!(f.code, Some(0), "rank {rank}: {}{}", f.stdout, f.stderr);
+        assert!(
+            f.stdout.contains(", 0 failed; ") && f.stdout.contains(want[rank]),
+            "rank {rank}: {}",
+            f.stdout
         );
     }
 }

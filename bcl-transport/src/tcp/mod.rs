@@ -11,11 +11,12 @@
 
 pub mod codec;
 mod connect;
-mod sys;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
-use crate::transport::{Capabilities, MemoryKind, PeerAddress, Received, Tag, Transport};
+use crate::transport::{
+    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+};
 use codec::{FrameDecoder, HEADER_LEN, encode_header};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 pub fn wait_readable(sources: &[std::os::fd::BorrowedFd<'_>], timeout: Duration) -> io::Result<()> {
     let fds: Vec<(std::os::fd::RawFd, bool)> =
         sources.iter().map(|s| (s.as_raw_fd(), false)).collect();
-    sys::poll_fds(&fds, timeout)
+    crate::poll::poll_fds(&fds, timeout)
 }
 
 /// A received payload and how long it took from its first byte to its last.
@@ -480,21 +481,27 @@ impl Transport for TcpTransport {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        let fds: Vec<_> = self
-            .peers
-            .values()
-            .flat_map(|p| p.conns.iter())
-            .filter(|c| !c.closed)
-            .map(|c| (c.stream.as_raw_fd(), !c.out.is_empty()))
-            .collect();
+        let mut fds = Vec::new();
+        self.prepare_wait(&mut fds);
         if fds.is_empty() {
             std::thread::sleep(timeout);
             return Ok(());
         }
-        sys::poll_fds(&fds, timeout).map_err(|source| TransportError::Setup {
+        crate::poll::poll_fds(&fds, timeout).map_err(|source| TransportError::Setup {
             what: "poll(2) on the peer sockets".into(),
             source,
         })
+    }
+
+    fn prepare_wait(&mut self, fds: &mut Vec<(std::os::fd::RawFd, bool)>) -> Readiness {
+        fds.extend(
+            self.peers
+                .values()
+                .flat_map(|p| p.conns.iter())
+                .filter(|c| !c.closed)
+                .map(|c| (c.stream.as_raw_fd(), !c.out.is_empty())),
+        );
+        Readiness::Sleep
     }
 
     fn peer_lost(&self, peer: usize) -> bool {

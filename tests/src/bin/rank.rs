@@ -1,7 +1,8 @@
 //! One rank as a real process, for the multi-process and fault tests. Reads the launcher
 //! variables (`BCL_RANK`, `BCL_WORLD_SIZE`, `BCL_UNIQUE_ID`, `BCL_*` settings) and runs the
 //! scenario named by `BCL_TEST_SCENARIO`:
-//! * `suite`: the conformance cases up to 1000 elements; exit 0 when all pass, 1 otherwise;
+//! * `suite`: the conformance cases up to 1000 elements, then a line naming each link's
+//!   transport (`links 0=self,1=shm,2=tcp`); exit 0 when all pass, 1 otherwise;
 //! * `loop`: fp32 allreduces of `BCL_TEST_ELEMS` (default 4 Mi) until `BCL_TEST_ITERS` are
 //!   done, printing `ready` after the first;
 //! * `sleepy`: three allreduces; rank `BCL_TEST_SLEEPER` sleeps `BCL_TEST_SLEEP_MS` in "user
@@ -14,6 +15,9 @@
 //!   `BCL_TEST_LATE_RANK` sleeping `BCL_TEST_LATE_MS` before each; every `BCL_TEST_REPORT_MS`
 //!   rank 0 prints `health <json>` (the slow-node summary and the ring) on stdout. All ranks
 //!   stop after the same number of collectives (rank 0 decides, by broadcast).
+//!
+//! * `shm-orphan`: no communicator: a shm endpoint sets up its ring for a peer that never comes,
+//!   prints `ready` once the ring exists, and waits (to be killed).
 //!
 //! Exit 0: done; 4: init failed; 7: a collective failed. Errors go to stderr as
 //! `rank R error after E ms at T ms: ...` (E: since the failed call began; T: Unix time).
@@ -63,6 +67,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .try_init();
+    let scenario = std::env::var("BCL_TEST_SCENARIO").unwrap_or_default();
+    if scenario == "shm-orphan" {
+        return shm_orphan();
+    }
     let comm = match Communicator::init_from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -70,7 +78,6 @@ fn main() -> ExitCode {
             return ExitCode::from(4);
         }
     };
-    let scenario = std::env::var("BCL_TEST_SCENARIO").unwrap_or_default();
     let outcome = match scenario.as_str() {
         "suite" => return suite(&comm),
         "loop" => run_loop(&comm),
@@ -78,7 +85,9 @@ fn main() -> ExitCode {
         "desync" => desync(&comm),
         "watch" => watch(&comm),
         other => {
-            eprintln!("unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync)");
+            eprintln!(
+                "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, shm-orphan)"
+            );
             return ExitCode::from(2);
         }
     };
@@ -86,6 +95,33 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => code,
     }
+}
+
+fn shm_orphan() -> ExitCode {
+    use bcl_transport::shm::{ShmConfig, ShmTransport};
+    use bcl_transport::{PeerAddress, Secret, Transport};
+    let mut shm = match ShmTransport::bind(ShmConfig::new(Secret::derive("orphan"))) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("shm endpoint: {e}");
+            return ExitCode::from(4);
+        }
+    };
+    let ghost = PeerAddress::new(b"1.0123456789abcdef".to_vec()).expect("a short address");
+    let announce = std::thread::spawn(|| {
+        let mine = format!("bcl.{}.", std::process::id());
+        while !std::fs::read_dir("/dev/shm").is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&mine))
+        }) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ready();
+    });
+    let result = shm.connect(0, &[(1, ghost)], Instant::now() + Duration::from_secs(60));
+    let _ = announce.join();
+    eprintln!("the ghost peer never came: {result:?}");
+    ExitCode::from(7)
 }
 
 fn suite(comm: &Communicator) -> ExitCode {
@@ -97,11 +133,15 @@ fn suite(comm: &Communicator) -> ExitCode {
     for f in &failures {
         eprintln!("{f}");
     }
+    let links: Vec<String> = (0..comm.world_size())
+        .map(|p| format!("{p}={}", comm.link(p).map_or("self", |l| l.name())))
+        .collect();
     println!(
-        "rank {} ran {} cases, {} failed",
+        "rank {} ran {} cases, {} failed; links {}",
         comm.rank(),
         cases.len(),
-        failures.len()
+        failures.len(),
+        links.join(",")
     );
     ExitCode::from(u8::from(!failures.is_empty()))
 }

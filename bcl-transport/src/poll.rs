@@ -1,4 +1,5 @@
-//! The one unsafe edge of the TCP transport: `poll(2)` over several sockets.
+//! The one unsafe edge shared by the transports: `poll(2)` over several descriptors (sockets,
+//! the shm doorbell, pidfds).
 #![allow(unsafe_code)]
 
 use std::os::fd::RawFd;
@@ -27,4 +28,17 @@ pub fn poll_fds(fds: &[(RawFd, bool)], timeout: Duration) -> std::io::Result<()>
         }
     }
     Ok(())
+}
+
+/// Whether `fd` is readable right now (a pidfd: the process has exited).
+pub fn readable_now(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd struct, exclusively borrowed for the call; a zero
+    // timeout returns at once.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }

@@ -1,0 +1,207 @@
+//! `Routes`: one transport per peer, chosen by the core (shm for a peer on the same host, tcp
+//! otherwise), behind one `Transport`.
+//!
+//! The address it publishes lists every part's address, `tcp=10.0.0.1:4000;shm=4711.0a1b…`, so
+//! a peer can tell which transports this rank offers. The core sets a route per peer before
+//! `connect`; each part then connects only with the peers routed to it. Sleeping: one `poll(2)`
+//! over every part's descriptors (see [`Transport::prepare_wait`]).
+
+use crate::error::TransportError;
+use crate::transport::{
+    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+};
+use std::time::{Duration, Instant};
+
+/// Several transports behind one, each peer routed to one of them.
+#[derive(Debug)]
+pub struct Routes {
+    parts: Vec<Box<dyn Transport>>,
+    address: PeerAddress,
+    capabilities: Capabilities,
+    /// Part index per peer rank; peers never routed go to the first part.
+    route: Vec<Option<usize>>,
+    fds: Vec<(std::os::fd::RawFd, bool)>,
+}
+
+/// The address `name` part of a `Routes` address, if it offers one.
+pub fn part_address(address: &PeerAddress, name: &str) -> Option<PeerAddress> {
+    std::str::from_utf8(address.as_bytes())
+        .ok()?
+        .split(';')
+        .filter_map(|part| part.split_once('='))
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, a)| PeerAddress::new(a.as_bytes().to_vec()).ok())
+}
+
+impl Routes {
+    /// Combine `parts` (at least one; distinct names). Fails when their addresses together
+    /// exceed [`PeerAddress::MAX_LEN`].
+    pub fn new(parts: Vec<Box<dyn Transport>>) -> Result<Self, String> {
+        if parts.is_empty() {
+            return Err("no transport to route to".into());
+        }
+        let mut text = String::new();
+        for (i, p) in parts.iter().enumerate() {
+            let addr = std::str::from_utf8(p.address().as_bytes())
+                .map_err(|_| format!("the {} address is not text", p.capabilities().name))?;
+            if i > 0 {
+                text.push(';');
+            }
+            text.push_str(&format!("{}={addr}", p.capabilities().name));
+        }
+        let address = PeerAddress::new(text.into_bytes())?;
+        let capabilities = Capabilities {
+            name: "auto",
+            max_message: parts
+                .iter()
+                .map(|p| p.capabilities().max_message)
+                .min()
+                .unwrap_or(0),
+            max_queued_per_peer: parts
+                .iter()
+                .map(|p| p.capabilities().max_queued_per_peer)
+                .min()
+                .unwrap_or(0),
+            memory: &[MemoryKind::Host],
+        };
+        Ok(Routes {
+            parts,
+            address,
+            capabilities,
+            route: Vec::new(),
+            fds: Vec::new(),
+        })
+    }
+
+    /// Send everything for `peer` through the part called `name` ("tcp", "shm").
+    pub fn set_route(&mut self, peer: usize, name: &str) -> Result<(), String> {
+        let index = self
+            .parts
+            .iter()
+            .position(|p| p.capabilities().name == name)
+            .ok_or_else(|| format!("this rank has no {name} transport"))?;
+        if self.route.len() <= peer {
+            self.route.resize(peer + 1, None);
+        }
+        self.route[peer] = Some(index);
+        Ok(())
+    }
+
+    /// The name of the part `peer` is routed to.
+    pub fn route_of(&self, peer: usize) -> &'static str {
+        self.parts[self.index(peer)].capabilities().name
+    }
+
+    fn index(&self, peer: usize) -> usize {
+        self.route.get(peer).copied().flatten().unwrap_or(0)
+    }
+
+    fn part(&mut self, peer: usize) -> &mut dyn Transport {
+        let i = self.index(peer);
+        self.parts[i].as_mut()
+    }
+}
+
+impl Transport for Routes {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn address(&self) -> &PeerAddress {
+        &self.address
+    }
+
+    fn connect(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let mut groups: Vec<Vec<(usize, PeerAddress)>> = vec![Vec::new(); self.parts.len()];
+        for (peer, address) in peers {
+            let i = self.index(*peer);
+            let name = self.parts[i].capabilities().name;
+            let part = part_address(address, name).ok_or_else(|| TransportError::BadAddress {
+                peer: *peer,
+                reason: format!("{address:?} offers no {name} endpoint"),
+            })?;
+            groups[i].push((*peer, part));
+        }
+        for (part, group) in self.parts.iter_mut().zip(groups) {
+            if !group.is_empty() {
+                part.connect(local_rank, &group, deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
+        self.part(peer).try_send(peer, tag, data)
+    }
+
+    fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
+        self.part(peer).try_recv(peer, tag)
+    }
+
+    fn release(&mut self, message: Received) {
+        self.part(message.peer).release(message)
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        let mut moved = false;
+        for p in self.parts.iter_mut() {
+            moved |= p.progress()?;
+        }
+        Ok(moved)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        if self.parts.len() == 1 {
+            return self.parts[0].wait(timeout);
+        }
+        let mut fds = std::mem::take(&mut self.fds);
+        fds.clear();
+        let readiness = self.prepare_wait(&mut fds);
+        let slept = match readiness {
+            Readiness::Sleep => crate::poll::poll_fds(&fds, timeout),
+            Readiness::Ready => Ok(()),
+            Readiness::Unsupported => {
+                std::thread::sleep(timeout.min(Duration::from_micros(100)));
+                Ok(())
+            }
+        };
+        self.after_wait();
+        self.fds = fds;
+        slept.map_err(|source| TransportError::Setup {
+            what: "poll(2) on the transports' descriptors".into(),
+            source,
+        })
+    }
+
+    fn prepare_wait(&mut self, fds: &mut Vec<(std::os::fd::RawFd, bool)>) -> Readiness {
+        let mut all = Readiness::Sleep;
+        for p in self.parts.iter_mut() {
+            match p.prepare_wait(fds) {
+                Readiness::Sleep => {}
+                Readiness::Ready => all = Readiness::Ready,
+                Readiness::Unsupported if all == Readiness::Sleep => all = Readiness::Unsupported,
+                Readiness::Unsupported => {}
+            }
+        }
+        all
+    }
+
+    fn after_wait(&mut self) {
+        for p in self.parts.iter_mut() {
+            p.after_wait();
+        }
+    }
+
+    fn flushed(&self) -> bool {
+        self.parts.iter().all(|p| p.flushed())
+    }
+
+    fn peer_lost(&self, peer: usize) -> bool {
+        self.parts[self.index(peer)].peer_lost(peer)
+    }
+}

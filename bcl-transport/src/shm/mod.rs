@@ -1,0 +1,639 @@
+//! `shm`: ranks on one host exchange messages through single-producer/single-consumer rings in
+//! POSIX shared memory, one ring per ordered pair of ranks.
+//!
+//! Setup (`connect`): each rank creates the rings it will read from (`/bcl.<pid>.<nonce>.<p>to<c>`,
+//! mode 0600, with a proof of the communicator secret in the header), opens the rings it will
+//! write to once their creators have filled them, and waits until its own rings' producers have
+//! attached. Then every name is unlinked: from then on the segments live only as long as the
+//! mappings, so a rank killed at any later point leaks nothing. A rank killed during setup leaves
+//! names behind; the next endpoint created on the host removes names whose creator process no
+//! longer exists ([`reclaim_stale`]).
+//!
+//! Data path: `try_send` copies a message straight into the peer's ring when it fits (else answers
+//! "not now"); a message larger than the whole ring is cut into fragments, the part that does not
+//! fit yet kept in a pooled buffer until `progress` makes room. `progress` copies arrived records
+//! out of the rings into pooled buffers. Wake-ups: a side about to sleep sets its `parked` flag in
+//! the ring (see [`ring`]); the other side then rings its doorbell, a datagram to an abstract
+//! unix socket named after the endpoint, which `wait` sleeps on with `poll(2)` beside a pidfd per
+//! peer, so a peer's death wakes it too.
+
+mod ring;
+mod sys;
+
+use crate::auth::Secret;
+use crate::error::TransportError;
+use crate::transport::{
+    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+};
+use ring::{Consumer, Identity, Producer};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::time::{Duration, Instant};
+use sys::Segment;
+
+/// Settings of a shared-memory endpoint.
+#[derive(Clone, Debug)]
+pub struct ShmConfig {
+    /// The communicator's secret: the rings' headers carry proofs of it, so that two
+    /// communicators (or a stale segment) are never mixed up.
+    pub secret: Secret,
+    /// Data bytes of each ring (rounded up to a power of two, at least 64 KiB).
+    pub ring_bytes: usize,
+    /// The largest message accepted.
+    pub max_message: usize,
+}
+
+impl ShmConfig {
+    pub fn new(secret: Secret) -> Self {
+        ShmConfig {
+            secret,
+            ring_bytes: 4 << 20,
+            max_message: 1 << 30,
+        }
+    }
+}
+
+const CREATOR_ROLE: &[u8] = b"bcl-shm-creator";
+const PRODUCER_ROLE: &[u8] = b"bcl-shm-producer";
+const NO_NONCE: [u8; 16] = [0; 16];
+const POOL_LIMIT: usize = 256;
+
+/// The remainder of a message too large for the ring, waiting for room.
+#[derive(Debug)]
+struct Pending {
+    tag: Tag,
+    data: Vec<u8>,
+    sent: usize,
+}
+
+#[derive(Debug)]
+struct Peer {
+    /// "pid 4711, endpoint 4711.0a1b…": how errors name the link.
+    label: String,
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+    doorbell: SocketAddr,
+    out: Producer,
+    inp: Consumer,
+    pending: Option<Pending>,
+    /// The message being reassembled from fragments.
+    partial: Vec<u8>,
+    partial_tag: Option<Tag>,
+}
+
+impl Peer {
+    fn gone(&self) -> bool {
+        self.inp.producer_closed() || self.out.consumer_closed() || !self.alive()
+    }
+
+    fn alive(&self) -> bool {
+        match &self.pidfd {
+            Some(fd) => !crate::poll::readable_now(fd.as_raw_fd()),
+            None => sys::process_exists(self.pid),
+        }
+    }
+}
+
+/// A shared-memory endpoint of one rank.
+#[derive(Debug)]
+pub struct ShmTransport {
+    config: ShmConfig,
+    capabilities: Capabilities,
+    address: PeerAddress,
+    /// "<pid>.<nonce>": names this endpoint's rings and doorbell.
+    id: String,
+    doorbell: UnixDatagram,
+    peers: HashMap<usize, Peer>,
+    inbox: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    pool: Vec<Vec<u8>>,
+    /// Ring names this endpoint created and has not unlinked yet.
+    created: Vec<String>,
+}
+
+fn doorbell_name(id: &str) -> String {
+    format!("bcl-shm.{id}")
+}
+
+fn ring_name(consumer_id: &str, producer: usize, consumer: usize) -> String {
+    format!("/bcl.{consumer_id}.{producer}to{consumer}")
+}
+
+/// Check a peer's address ("<pid>.<16 hex digits>") and return its pid.
+fn parse_id(peer: usize, addr: &PeerAddress) -> Result<(String, u32), TransportError> {
+    let bad = || TransportError::BadAddress {
+        peer,
+        reason: format!("{addr:?} is not a shm endpoint (pid.nonce)"),
+    };
+    let text = std::str::from_utf8(addr.as_bytes()).map_err(|_| bad())?;
+    let (pid, nonce) = text.split_once('.').ok_or_else(bad)?;
+    let pid: u32 = pid.parse().map_err(|_| bad())?;
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    Ok((text.to_string(), pid))
+}
+
+/// Remove the ring names left in `/dev/shm` by endpoints whose process no longer exists (killed
+/// during setup) and that belong to this user. Returns the names removed.
+pub fn reclaim_stale() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
+    let uid = sys::effective_uid();
+    let mut removed = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("bcl.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let mine = {
+            use std::os::unix::fs::MetadataExt;
+            entry.metadata().is_ok_and(|m| m.uid() == uid)
+        };
+        if mine && !sys::process_exists(pid) && sys::unlink(&format!("/{name}")).is_ok() {
+            removed.push(name);
+        }
+    }
+    if !removed.is_empty() {
+        tracing::info!(
+            ?removed,
+            "removed shared-memory rings left by dead processes"
+        );
+    }
+    removed
+}
+
+impl ShmTransport {
+    /// A fresh endpoint: removes stale rings of dead processes, binds the doorbell.
+    pub fn bind(config: ShmConfig) -> Result<Self, TransportError> {
+        reclaim_stale();
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).map_err(|e| TransportError::Setup {
+            what: "drawing a shm endpoint nonce".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+        let id = format!("{}.{hex}", std::process::id());
+        let setup = |what: &str| {
+            let what = format!("{what} for shm endpoint {id}");
+            move |source| TransportError::Setup { what, source }
+        };
+        let name = SocketAddr::from_abstract_name(doorbell_name(&id).as_bytes())
+            .map_err(setup("naming the doorbell socket"))?;
+        let doorbell =
+            UnixDatagram::bind_addr(&name).map_err(setup("binding the doorbell socket"))?;
+        doorbell
+            .set_nonblocking(true)
+            .map_err(setup("configuring the doorbell socket"))?;
+        let ring_bytes = config.ring_bytes.max(64 << 10).next_power_of_two();
+        let capabilities = Capabilities {
+            name: "shm",
+            max_message: config.max_message,
+            max_queued_per_peer: ring_bytes,
+            memory: &[MemoryKind::Host],
+        };
+        let address = PeerAddress::new(id.clone().into_bytes())
+            .unwrap_or_else(|_| unreachable!("pid.nonce fits in 128 bytes"));
+        Ok(ShmTransport {
+            config: ShmConfig {
+                ring_bytes,
+                ..config
+            },
+            capabilities,
+            address,
+            id,
+            doorbell,
+            peers: HashMap::new(),
+            inbox: HashMap::new(),
+            pool: Vec::new(),
+            created: Vec::new(),
+        })
+    }
+
+    fn unlink_created(&mut self) {
+        for name in self.created.drain(..) {
+            let _ = sys::unlink(&name);
+        }
+    }
+
+    fn ring(&self, peer: &Peer) {
+        // A full doorbell queue already wakes the peer; a missing socket means it is gone,
+        // which `peer_lost` reports.
+        let _ = self.doorbell.send_to_addr(&[1], &peer.doorbell);
+    }
+
+    fn closed_error(&self, peer: usize) -> TransportError {
+        TransportError::PeerClosed {
+            peer,
+            addr: self
+                .peers
+                .get(&peer)
+                .map_or_else(|| format!("shm peer {peer}"), |p| p.label.clone()),
+        }
+    }
+
+    /// Push as much of `peer`'s pending remainder as fits. Returns whether bytes moved.
+    fn push_pending(&mut self, peer: usize) -> bool {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return false;
+        };
+        let Some(pending) = p.pending.as_mut() else {
+            return false;
+        };
+        let mut moved = false;
+        while pending.sent < pending.data.len() {
+            let left = pending.data.len() - pending.sent;
+            let room = p.out.room(left.min(p.out.max_fragment())).min(left);
+            if room == 0 || (room < left && room < 4096) {
+                break;
+            }
+            let end = pending.sent + room;
+            p.out.push(
+                pending.tag,
+                &pending.data[pending.sent..end],
+                end == pending.data.len(),
+            );
+            pending.sent = end;
+            moved = true;
+        }
+        if pending.sent == pending.data.len()
+            && let Some(done) = p.pending.take()
+            && self.pool.len() < POOL_LIMIT
+        {
+            self.pool.push(done.data);
+        }
+        if p.out.publish() {
+            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+        }
+        moved
+    }
+
+    /// Copy every arrived record of `peer`'s ring out. Returns whether any arrived.
+    fn drain(&mut self, peer: usize) -> Result<bool, TransportError> {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(false);
+        };
+        let mut moved = false;
+        loop {
+            let fragment =
+                p.inp
+                    .next(&mut p.partial)
+                    .map_err(|reason| TransportError::Protocol {
+                        peer,
+                        addr: p.label.clone(),
+                        reason,
+                    })?;
+            let Some(f) = fragment else { break };
+            moved = true;
+            if p.partial_tag.is_some_and(|t| t != f.tag) {
+                return Err(TransportError::Protocol {
+                    peer,
+                    addr: p.label.clone(),
+                    reason: format!(
+                        "a fragment of tag {:#x} interrupted a message of tag {:#x}",
+                        f.tag,
+                        p.partial_tag.unwrap_or_default()
+                    ),
+                });
+            }
+            if f.last {
+                let mut fresh = self.pool.pop().unwrap_or_default();
+                fresh.clear();
+                let message = std::mem::replace(&mut p.partial, fresh);
+                p.partial_tag = None;
+                self.inbox
+                    .entry((peer, f.tag))
+                    .or_default()
+                    .push_back(message);
+            } else {
+                p.partial_tag = Some(f.tag);
+            }
+        }
+        if p.inp.release() {
+            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+        }
+        Ok(moved)
+    }
+
+    /// Set up this rank's rings with every listed peer (see the module comment).
+    fn connect_rings(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let secret = self.config.secret;
+        let capacity = self.config.ring_bytes;
+        let pid = std::process::id();
+        let mut inbound = HashMap::new();
+        let mut wanted = Vec::new();
+        for (peer, addr) in peers {
+            let (peer_id, peer_pid) = parse_id(*peer, addr)?;
+            let name = ring_name(&self.id, *peer, local_rank);
+            let seg = Segment::create(&name, ring::DATA + capacity).map_err(|source| {
+                TransportError::Setup {
+                    what: format!("creating shared-memory ring {name} for rank {peer}"),
+                    source,
+                }
+            })?;
+            self.created.push(name.clone());
+            let identity = Identity {
+                producer_rank: *peer,
+                consumer_rank: local_rank,
+                consumer_pid: pid,
+                proof: secret.prove(CREATOR_ROLE, &NO_NONCE, &NO_NONCE, name.as_bytes()),
+            };
+            ring::initialize(&seg, capacity, &identity);
+            inbound.insert(*peer, (name, Consumer::new(seg, capacity)));
+            wanted.push((*peer, peer_id, peer_pid));
+        }
+        let mut outbound: HashMap<usize, Producer> = HashMap::new();
+        loop {
+            for (peer, peer_id, _) in &wanted {
+                if outbound.contains_key(peer) {
+                    continue;
+                }
+                let name = ring_name(peer_id, local_rank, *peer);
+                let io_error = |source| TransportError::Io {
+                    op: "open shared-memory ring",
+                    peer: *peer,
+                    addr: name.clone(),
+                    source,
+                };
+                let Some(seg) = Segment::open(&name).map_err(io_error)? else {
+                    continue;
+                };
+                let handshake = |reason: String| TransportError::Handshake {
+                    addr: format!("rank {peer}'s ring {name}"),
+                    reason,
+                };
+                let Some((cap, id)) = ring::inspect(&seg).map_err(handshake)? else {
+                    continue;
+                };
+                if id.producer_rank != local_rank
+                    || id.consumer_rank != *peer
+                    || !secret.verify(
+                        &id.proof,
+                        CREATOR_ROLE,
+                        &NO_NONCE,
+                        &NO_NONCE,
+                        name.as_bytes(),
+                    )
+                {
+                    return Err(handshake(format!(
+                        "the ring (for rank {} -> rank {}) was not made by rank {peer} of this \
+                         communicator",
+                        id.producer_rank, id.consumer_rank
+                    )));
+                }
+                let proof = secret.prove(PRODUCER_ROLE, &NO_NONCE, &NO_NONCE, name.as_bytes());
+                outbound.insert(*peer, Producer::attach(seg, cap, pid, &proof));
+                // Both sides have it mapped once we are attached: the name may go.
+                let _ = sys::unlink(&name);
+            }
+            let attached: Vec<usize> = inbound
+                .iter()
+                .filter(|(_, (_, c))| c.producer().is_some())
+                .map(|(p, _)| *p)
+                .collect();
+            let missing: Vec<usize> = wanted
+                .iter()
+                .map(|(p, _, _)| *p)
+                .filter(|p| !outbound.contains_key(p) || !attached.contains(p))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.unlink_created();
+                return Err(TransportError::ConnectTimeout {
+                    rank: local_rank,
+                    missing,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        for (peer, peer_id, peer_pid) in wanted {
+            let (name, inp) = inbound
+                .remove(&peer)
+                .unwrap_or_else(|| unreachable!("every wanted peer has an inbound ring"));
+            let (producer_pid, proof) = inp.producer().unwrap_or_default();
+            if producer_pid != peer_pid
+                || !secret.verify(&proof, PRODUCER_ROLE, &NO_NONCE, &NO_NONCE, name.as_bytes())
+            {
+                self.unlink_created();
+                return Err(TransportError::Handshake {
+                    addr: format!("ring {name}"),
+                    reason: format!(
+                        "its producer (pid {producer_pid}) is not rank {peer} (pid {peer_pid}) of \
+                         this communicator"
+                    ),
+                });
+            }
+            let out = outbound
+                .remove(&peer)
+                .unwrap_or_else(|| unreachable!("every wanted peer has an outbound ring"));
+            let doorbell = SocketAddr::from_abstract_name(doorbell_name(&peer_id).as_bytes())
+                .map_err(|source| TransportError::Setup {
+                    what: format!("naming rank {peer}'s doorbell"),
+                    source,
+                })?;
+            let pidfd = sys::pidfd_open(peer_pid).ok();
+            self.peers.insert(
+                peer,
+                Peer {
+                    label: format!("shm endpoint {peer_id}"),
+                    pid: peer_pid,
+                    pidfd,
+                    doorbell,
+                    out,
+                    inp,
+                    pending: None,
+                    partial: Vec::new(),
+                    partial_tag: None,
+                },
+            );
+        }
+        self.unlink_created();
+        Ok(())
+    }
+}
+
+impl Transport for ShmTransport {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn address(&self) -> &PeerAddress {
+        &self.address
+    }
+
+    fn connect(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let result = self.connect_rings(local_rank, peers, deadline);
+        if result.is_err() {
+            self.unlink_created();
+        }
+        result
+    }
+
+    fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
+        let max = self.config.max_message;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Err(TransportError::UnknownPeer { peer });
+        };
+        if p.out.consumer_closed() {
+            return Err(self.closed_error(peer));
+        }
+        if data.len() > max {
+            return Err(TransportError::TooLarge {
+                peer,
+                len: data.len(),
+                max,
+            });
+        }
+        if p.pending.is_some() {
+            self.push_pending(peer);
+            return Ok(false);
+        }
+        if data.len() <= p.out.max_fragment() {
+            if p.out.room(data.len()) < data.len() {
+                return Ok(false);
+            }
+            p.out.push(tag, data, true);
+            if p.out.publish() {
+                let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+            }
+            return Ok(true);
+        }
+        // Larger than the whole ring: the part that does not fit now waits in a pooled buffer.
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(data);
+        p.pending = Some(Pending {
+            tag,
+            data: buf,
+            sent: 0,
+        });
+        self.push_pending(peer);
+        Ok(true)
+    }
+
+    fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
+        if let Some(q) = self.inbox.get_mut(&(peer, tag))
+            && let Some(data) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.inbox.remove(&(peer, tag));
+            }
+            return Ok(Some(Received {
+                peer,
+                tag,
+                data,
+                transfer: None,
+            }));
+        }
+        if !self.peers.contains_key(&peer) {
+            return Err(TransportError::UnknownPeer { peer });
+        }
+        if self.drain(peer)? {
+            return self.try_recv(peer, tag);
+        }
+        Ok(None)
+    }
+
+    fn release(&mut self, message: Received) {
+        if self.pool.len() < POOL_LIMIT {
+            self.pool.push(message.data);
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        let mut moved = false;
+        let peers: Vec<usize> = self.peers.keys().copied().collect();
+        for peer in peers {
+            moved |= self.push_pending(peer);
+            moved |= self.drain(peer)?;
+        }
+        Ok(moved)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let mut fds = Vec::new();
+        let readiness = self.prepare_wait(&mut fds);
+        let slept = if readiness == Readiness::Sleep {
+            crate::poll::poll_fds(&fds, timeout).map(|_| ())
+        } else {
+            Ok(())
+        };
+        self.after_wait();
+        slept.map_err(|source| TransportError::Setup {
+            what: "poll(2) on the shm doorbell".into(),
+            source,
+        })
+    }
+
+    fn prepare_wait(&mut self, fds: &mut Vec<(RawFd, bool)>) -> Readiness {
+        fds.push((self.doorbell.as_raw_fd(), false));
+        let mut ready = false;
+        for p in self.peers.values_mut() {
+            ready |= p.inp.park();
+            if let Some(pending) = &p.pending {
+                ready |= p.out.park(pending.data.len() - pending.sent);
+            }
+            if let Some(fd) = &p.pidfd {
+                fds.push((fd.as_raw_fd(), false));
+            }
+        }
+        if ready {
+            Readiness::Ready
+        } else {
+            Readiness::Sleep
+        }
+    }
+
+    fn after_wait(&mut self) {
+        for p in self.peers.values() {
+            p.inp.unpark();
+            p.out.unpark();
+        }
+        let mut sink = [0u8; 64];
+        while self.doorbell.recv(&mut sink).is_ok() {}
+    }
+
+    fn flushed(&self) -> bool {
+        self.peers.values().all(|p| p.pending.is_none())
+    }
+
+    fn peer_lost(&self, peer: usize) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|p| p.gone() && !p.inp.has_data() && p.partial_tag.is_none())
+            && !self.inbox.keys().any(|(from, _)| *from == peer)
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        for p in self.peers.values() {
+            p.out.close();
+            p.inp.close();
+            self.ring(p);
+        }
+        self.unlink_created();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,370 @@
+//! One single-producer / single-consumer byte ring in a shared segment: the layout, and the two
+//! halves of its protocol.
+//!
+//! ```text
+//!   0     header, written once by the consumer (creator): magic (last), version, capacity,
+//!         ranks, the consumer's pid, the creator's proof of the communicator secret
+//!   128   producer's line: tail, producer_parked, attached, closed, pid, the producer's proof
+//!   256   consumer's line: head, consumer_parked, closed
+//!   4096  data: `capacity` bytes (a power of two) of records
+//! ```
+//!
+//! A record is a 16-byte header (tag u64, fragment length u32, flags u32) and the fragment's
+//! bytes, padded to 16 so a header never wraps (payloads may). `tail` and `head` count bytes
+//! ever written and consumed: `tail - head` is in use. The producer writes records into free
+//! space and publishes them with a release store of `tail`; the consumer reads up to an acquire
+//! load of `tail` and frees the space with a release store of `head`. Each side writes only its
+//! own line, so the two never share a cache line they both write.
+//!
+//! Parking without lost wake-ups: a side about to sleep sets its `parked` flag, fences, and
+//! looks once more; the other side, after publishing, fences and rings the sleeper's doorbell if
+//! the flag is set. Either the sleeper sees the new data or the publisher sees the flag.
+
+use super::sys::Segment;
+use crate::transport::Tag;
+use std::sync::atomic::{Ordering, fence};
+
+pub const MAGIC: u64 = 0x6263_6c2d_7368_6d31; // "bcl-shm1"
+pub const VERSION: u32 = 1;
+pub const DATA: usize = 4096;
+pub const RECORD_HEADER: usize = 16;
+const FLAG_LAST: u32 = 1;
+
+// Header fields.
+const OFF_MAGIC: usize = 0;
+const OFF_VERSION: usize = 8;
+const OFF_CAPACITY: usize = 16;
+const OFF_PRODUCER_RANK: usize = 24;
+const OFF_CONSUMER_RANK: usize = 32;
+const OFF_CONSUMER_PID: usize = 40;
+const OFF_CREATOR_PROOF: usize = 48;
+// Producer's line.
+const OFF_TAIL: usize = 128;
+const OFF_PRODUCER_PARKED: usize = 136;
+const OFF_ATTACHED: usize = 140;
+const OFF_PRODUCER_CLOSED: usize = 144;
+const OFF_PRODUCER_PID: usize = 152;
+const OFF_PRODUCER_PROOF: usize = 160;
+// Consumer's line.
+const OFF_HEAD: usize = 256;
+const OFF_CONSUMER_PARKED: usize = 264;
+const OFF_CONSUMER_CLOSED: usize = 268;
+
+fn pad16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// What the creator writes into a fresh segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Identity {
+    pub producer_rank: usize,
+    pub consumer_rank: usize,
+    pub consumer_pid: u32,
+    pub proof: [u8; 32],
+}
+
+/// Fill a fresh (zeroed) segment's header; the magic goes last, so an opener that sees it sees
+/// the rest.
+pub fn initialize(seg: &Segment, capacity: usize, id: &Identity) {
+    seg.write(OFF_VERSION, &VERSION.to_le_bytes());
+    seg.write(OFF_CAPACITY, &(capacity as u64).to_le_bytes());
+    seg.write(OFF_PRODUCER_RANK, &(id.producer_rank as u64).to_le_bytes());
+    seg.write(OFF_CONSUMER_RANK, &(id.consumer_rank as u64).to_le_bytes());
+    seg.write(OFF_CONSUMER_PID, &u64::from(id.consumer_pid).to_le_bytes());
+    seg.write(OFF_CREATOR_PROOF, &id.proof);
+    seg.atomic_u64(OFF_MAGIC).store(MAGIC, Ordering::Release);
+}
+
+fn read_u64(seg: &Segment, offset: usize) -> u64 {
+    let mut b = [0u8; 8];
+    seg.read(offset, &mut b);
+    u64::from_le_bytes(b)
+}
+
+/// The header of a segment some other process created, checked. `Ok(None)`: not initialized
+/// yet (the creator is between creating and filling it).
+pub fn inspect(seg: &Segment) -> Result<Option<(usize, Identity)>, String> {
+    if seg.len() < DATA {
+        return Ok(None);
+    }
+    let magic = seg.atomic_u64(OFF_MAGIC).load(Ordering::Acquire);
+    if magic == 0 {
+        return Ok(None);
+    }
+    if magic != MAGIC {
+        return Err(format!("bad magic {magic:#x}: not a BCL ring"));
+    }
+    let mut v = [0u8; 4];
+    seg.read(OFF_VERSION, &mut v);
+    let version = u32::from_le_bytes(v);
+    if version != VERSION {
+        return Err(format!(
+            "ring version {version}, this build speaks {VERSION}"
+        ));
+    }
+    let capacity = read_u64(seg, OFF_CAPACITY) as usize;
+    if !capacity.is_power_of_two() || capacity < 4096 || DATA + capacity != seg.len() {
+        return Err(format!(
+            "capacity {capacity} does not fit a segment of {} bytes",
+            seg.len()
+        ));
+    }
+    let mut proof = [0u8; 32];
+    seg.read(OFF_CREATOR_PROOF, &mut proof);
+    Ok(Some((
+        capacity,
+        Identity {
+            producer_rank: read_u64(seg, OFF_PRODUCER_RANK) as usize,
+            consumer_rank: read_u64(seg, OFF_CONSUMER_RANK) as usize,
+            consumer_pid: read_u64(seg, OFF_CONSUMER_PID) as u32,
+            proof,
+        },
+    )))
+}
+
+/// The sending half of a ring.
+#[derive(Debug)]
+pub struct Producer {
+    seg: Segment,
+    capacity: usize,
+    tail: u64,
+    head_seen: u64,
+    unpublished: bool,
+}
+
+impl Producer {
+    /// Attach to a checked segment: announce our pid and proof.
+    pub fn attach(seg: Segment, capacity: usize, pid: u32, proof: &[u8; 32]) -> Producer {
+        seg.atomic_u64(OFF_PRODUCER_PID)
+            .store(u64::from(pid), Ordering::Relaxed);
+        seg.write(OFF_PRODUCER_PROOF, proof);
+        seg.atomic_u32(OFF_ATTACHED).store(1, Ordering::Release);
+        let tail = seg.atomic_u64(OFF_TAIL).load(Ordering::Relaxed);
+        Producer {
+            seg,
+            capacity,
+            tail,
+            head_seen: tail,
+            unpublished: false,
+        }
+    }
+
+    /// Bytes of payload the next record can carry, refreshing the consumer's position if needed.
+    pub fn room(&mut self, want: usize) -> usize {
+        let free = |p: &Self| p.capacity - (p.tail - p.head_seen) as usize;
+        if free(self) < RECORD_HEADER + pad16(want) {
+            self.head_seen = self.seg.atomic_u64(OFF_HEAD).load(Ordering::Acquire);
+        }
+        free(self).saturating_sub(RECORD_HEADER) & !15
+    }
+
+    /// The largest fragment a record can ever carry.
+    pub fn max_fragment(&self) -> usize {
+        self.capacity - RECORD_HEADER
+    }
+
+    /// Write one record (not yet visible to the consumer). The caller checked `room`.
+    pub fn push(&mut self, tag: Tag, fragment: &[u8], last: bool) {
+        debug_assert!(
+            RECORD_HEADER + pad16(fragment.len())
+                <= self.capacity - (self.tail - self.head_seen) as usize
+        );
+        let mut header = [0u8; RECORD_HEADER];
+        header[..8].copy_from_slice(&tag.to_le_bytes());
+        header[8..12].copy_from_slice(&(fragment.len() as u32).to_le_bytes());
+        header[12..].copy_from_slice(&(if last { FLAG_LAST } else { 0 }).to_le_bytes());
+        let mask = self.capacity - 1;
+        let at = self.tail as usize & mask;
+        self.seg.write(DATA + at, &header);
+        let start = (at + RECORD_HEADER) & mask;
+        let first = fragment.len().min(self.capacity - start);
+        self.seg.write(DATA + start, &fragment[..first]);
+        if first < fragment.len() {
+            self.seg.write(DATA, &fragment[first..]);
+        }
+        self.tail += (RECORD_HEADER + pad16(fragment.len())) as u64;
+        self.unpublished = true;
+    }
+
+    /// Make every pushed record visible. Returns whether the consumer is parked (ring it).
+    pub fn publish(&mut self) -> bool {
+        if !self.unpublished {
+            return false;
+        }
+        self.unpublished = false;
+        self.seg
+            .atomic_u64(OFF_TAIL)
+            .store(self.tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.seg
+            .atomic_u32(OFF_CONSUMER_PARKED)
+            .load(Ordering::Relaxed)
+            != 0
+    }
+
+    /// Say we are about to sleep waiting for room; true when room appeared meanwhile.
+    pub fn park(&mut self, want: usize) -> bool {
+        self.seg
+            .atomic_u32(OFF_PRODUCER_PARKED)
+            .store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.room(want) >= want.min(self.max_fragment())
+    }
+
+    pub fn unpark(&self) {
+        self.seg
+            .atomic_u32(OFF_PRODUCER_PARKED)
+            .store(0, Ordering::Relaxed);
+    }
+
+    pub fn consumer_closed(&self) -> bool {
+        self.seg
+            .atomic_u32(OFF_CONSUMER_CLOSED)
+            .load(Ordering::Acquire)
+            != 0
+    }
+
+    /// Tell the consumer nothing more will come.
+    pub fn close(&self) {
+        self.seg
+            .atomic_u32(OFF_PRODUCER_CLOSED)
+            .store(1, Ordering::Release);
+    }
+}
+
+/// One record's description, as read by the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fragment {
+    pub tag: Tag,
+    pub last: bool,
+}
+
+/// The receiving half of a ring (the creator of its segment).
+#[derive(Debug)]
+pub struct Consumer {
+    seg: Segment,
+    capacity: usize,
+    head: u64,
+    freed: bool,
+}
+
+impl Consumer {
+    pub fn new(seg: Segment, capacity: usize) -> Consumer {
+        Consumer {
+            seg,
+            capacity,
+            head: 0,
+            freed: false,
+        }
+    }
+
+    /// Whether the producer has attached, and the pid and proof it announced.
+    pub fn producer(&self) -> Option<(u32, [u8; 32])> {
+        if self.seg.atomic_u32(OFF_ATTACHED).load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let pid = self
+            .seg
+            .atomic_u64(OFF_PRODUCER_PID)
+            .load(Ordering::Relaxed) as u32;
+        let mut proof = [0u8; 32];
+        self.seg.read(OFF_PRODUCER_PROOF, &mut proof);
+        Some((pid, proof))
+    }
+
+    pub fn has_data(&self) -> bool {
+        self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire) != self.head
+    }
+
+    /// Append the next record's bytes to `out`. `Ok(None)`: the ring is empty. An error: the
+    /// producer wrote something that is not a record (a bug or memory corruption).
+    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<Option<Fragment>, String> {
+        let tail = self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire);
+        if tail == self.head {
+            return Ok(None);
+        }
+        let in_use = tail.wrapping_sub(self.head);
+        if in_use > self.capacity as u64
+            || in_use < RECORD_HEADER as u64
+            || !in_use.is_multiple_of(16)
+        {
+            return Err(format!(
+                "ring positions are inconsistent (tail {tail}, head {})",
+                self.head
+            ));
+        }
+        let mask = self.capacity - 1;
+        let at = self.head as usize & mask;
+        let mut header = [0u8; RECORD_HEADER];
+        self.seg.read(DATA + at, &mut header);
+        let tag = u64::from_le_bytes(header[..8].try_into().unwrap_or_default());
+        let len = u32::from_le_bytes(header[8..12].try_into().unwrap_or_default()) as usize;
+        let flags = u32::from_le_bytes(header[12..].try_into().unwrap_or_default());
+        let size = RECORD_HEADER + pad16(len);
+        if size as u64 > in_use || flags & !FLAG_LAST != 0 {
+            return Err(format!(
+                "bad record header at {}: length {len}, flags {flags:#x}, {in_use} bytes published",
+                self.head
+            ));
+        }
+        let start = (at + RECORD_HEADER) & mask;
+        let first = len.min(self.capacity - start);
+        let old = out.len();
+        out.resize(old + len, 0);
+        self.seg.read(DATA + start, &mut out[old..old + first]);
+        if first < len {
+            self.seg.read(DATA, &mut out[old + first..]);
+        }
+        self.head += size as u64;
+        self.freed = true;
+        Ok(Some(Fragment {
+            tag,
+            last: flags & FLAG_LAST != 0,
+        }))
+    }
+
+    /// Give the consumed space back. Returns whether the producer is parked (ring it).
+    pub fn release(&mut self) -> bool {
+        if !self.freed {
+            return false;
+        }
+        self.freed = false;
+        self.seg
+            .atomic_u64(OFF_HEAD)
+            .store(self.head, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.seg
+            .atomic_u32(OFF_PRODUCER_PARKED)
+            .load(Ordering::Relaxed)
+            != 0
+    }
+
+    /// Say we are about to sleep waiting for data; true when data arrived meanwhile.
+    pub fn park(&self) -> bool {
+        self.seg
+            .atomic_u32(OFF_CONSUMER_PARKED)
+            .store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.has_data()
+    }
+
+    pub fn unpark(&self) {
+        self.seg
+            .atomic_u32(OFF_CONSUMER_PARKED)
+            .store(0, Ordering::Relaxed);
+    }
+
+    pub fn producer_closed(&self) -> bool {
+        self.seg
+            .atomic_u32(OFF_PRODUCER_CLOSED)
+            .load(Ordering::Acquire)
+            != 0
+    }
+
+    /// Tell the producer nothing more will be read.
+    pub fn close(&self) {
+        self.seg
+            .atomic_u32(OFF_CONSUMER_CLOSED)
+            .store(1, Ordering::Release);
+    }
+}

@@ -1,0 +1,212 @@
+//! The one unsafe edge of the shm transport: POSIX shared-memory segments mapped into this
+//! process, the accesses to them, and the process probes (pidfd, kill 0) that tell a dead peer.
+//!
+//! Every other file of the transport works through [`Segment`]'s safe, bounds-checked methods.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// A shared-memory segment mapped read-write (`MAP_SHARED`) into this process, unmapped on drop.
+///
+/// Another process maps the same pages and writes them concurrently: the ring protocol says
+/// which bytes each side may touch when, and publishes them through the atomics.
+#[derive(Debug)]
+pub struct Segment {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value until drop; every access goes through
+// atomics or byte copies that do not depend on which thread performs them.
+unsafe impl Send for Segment {}
+// SAFETY: as for Send; `&Segment` exposes only atomics and copies, no `&mut` to the bytes.
+unsafe impl Sync for Segment {}
+
+fn c_name(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))
+}
+
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+impl Segment {
+    /// Create the segment `name` (exclusively, mode 0600), `len` bytes of zeros, and map it.
+    pub fn create(name: &str, len: usize) -> io::Result<Segment> {
+        let c = c_name(name)?;
+        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+        let fd = check(unsafe {
+            libc::shm_open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600,
+            )
+        })?;
+        // SAFETY: shm_open returned a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let size = libc::off_t::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))?;
+        let mapped = {
+            use std::os::fd::AsRawFd;
+            // SAFETY: `fd` is a valid open descriptor.
+            check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) }).and_then(|_| map(&fd, len))
+        };
+        if mapped.is_err() {
+            let _ = unlink(name);
+        }
+        mapped
+    }
+
+    /// Open and map the existing segment `name`. `Ok(None)`: it does not exist yet, or its
+    /// creator has not sized it yet. Refused when another user owns it.
+    pub fn open(name: &str) -> io::Result<Option<Segment>> {
+        use std::os::fd::AsRawFd;
+        let c = c_name(name)?;
+        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::NotFound {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: shm_open returned a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is valid and `st` is a writable stat struct.
+        check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        if st.st_uid != effective_uid() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("segment {name} belongs to uid {}, not to us", st.st_uid),
+            ));
+        }
+        if st.st_size <= 0 {
+            return Ok(None);
+        }
+        map(&fd, st.st_size as usize).map(Some)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn at(&self, offset: usize, len: usize, align: usize) -> *mut u8 {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len)
+                && offset.is_multiple_of(align),
+            "segment access {offset}+{len} outside {} bytes or misaligned",
+            self.len
+        );
+        // SAFETY: `offset + len <= self.len` was just checked, so the result stays inside
+        // the mapping.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+
+    /// The 8-byte atomic at `offset` (a multiple of 8).
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        let p = self.at(offset, 8, 8);
+        // SAFETY: `p` is in bounds and 8-aligned, the mapping lives as long as `&self`, and every
+        // process touches this word only through atomic operations.
+        unsafe { AtomicU64::from_ptr(p.cast()) }
+    }
+
+    /// The 4-byte atomic at `offset` (a multiple of 4).
+    pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        let p = self.at(offset, 4, 4);
+        // SAFETY: as for `atomic_u64`, with 4-byte alignment.
+        unsafe { AtomicU32::from_ptr(p.cast()) }
+    }
+
+    /// Copy `data` into the segment at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        let p = self.at(offset, data.len(), 1);
+        // SAFETY: the destination range is inside the mapping (checked by `at`) and cannot
+        // overlap `data`, which is this process's own memory outside the mapping or a part of
+        // it the ring protocol gives this side alone; the peer does not read it until the
+        // release store that publishes it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    }
+
+    /// Copy `out.len()` bytes from the segment at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        let p = self.at(offset, out.len(), 1);
+        // SAFETY: the source range is inside the mapping (checked by `at`); `out` is exclusively
+        // borrowed memory of this process. The ring protocol guarantees the peer no longer
+        // writes the range (published by its release store, acquired by our load).
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) }
+    }
+}
+
+fn map(fd: &OwnedFd, len: usize) -> io::Result<Segment> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of `len` bytes of a valid descriptor at an address the
+    // kernel picks; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let base =
+        NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+    Ok(Segment { base, len })
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` describe exactly the mapping made in `map`; no reference into it
+        // outlives `self` (every accessor borrows `self`).
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// Remove the name `name`; mappings of it stay valid until unmapped.
+pub fn unlink(name: &str) -> io::Result<()> {
+    let c = c_name(name)?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    check(unsafe { libc::shm_unlink(c.as_ptr()) }).map(|_| ())
+}
+
+/// A descriptor that becomes readable when process `pid` exits (Linux ≥ 5.3).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Whether process `pid` exists (signal 0: permission errors still mean it exists).
+pub fn process_exists(pid: u32) -> bool {
+    // SAFETY: signal 0 performs only the existence and permission checks.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}

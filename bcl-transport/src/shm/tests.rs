@@ -1,0 +1,294 @@
+use super::ring::{self, Consumer, Identity, Producer};
+use super::*;
+
+fn secret() -> Secret {
+    Secret::derive("shm tests")
+}
+
+fn endpoint(ring_bytes: usize) -> ShmTransport {
+    let mut c = ShmConfig::new(secret());
+    c.ring_bytes = ring_bytes;
+    ShmTransport::bind(c).expect("bind")
+}
+
+/// Two connected endpoints, ranks 0 and 1.
+fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
+    let (mut a, mut b) = (endpoint(ring_bytes), endpoint(ring_bytes));
+    let (aa, ba) = (a.address().clone(), b.address().clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| b.connect(1, &[(0, aa)], deadline));
+        a.connect(0, &[(1, ba)], deadline).expect("connect rank 0");
+        t.join().expect("thread").expect("connect rank 1");
+    });
+    (a, b)
+}
+
+fn names_of(t: &ShmTransport) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(&t.id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn recv_blocking(t: &mut ShmTransport, peer: usize, tag: Tag) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        t.progress().expect("progress");
+        if let Some(m) = t.try_recv(peer, tag).expect("recv") {
+            return m.data;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "message {tag} from {peer} never came"
+        );
+        t.wait(Duration::from_millis(10)).expect("wait");
+    }
+}
+
+#[test]
+fn messages_arrive_whole_and_in_order_per_tag() {
+    let (mut a, mut b) = pair(64 << 10);
+    assert!(
+        names_of(&a).is_empty() && names_of(&b).is_empty(),
+        "names left after connect"
+    );
+    // Small, odd-sized and wrapping messages, under two tags.
+    let messages: Vec<(Tag, Vec<u8>)> = (0..200u32)
+        .map(|i| {
+            let len = (i as usize * 997) % 20_000;
+            (
+                u64::from(i % 2),
+                (0..len).map(|j| (j as u32 ^ i) as u8).collect(),
+            )
+        })
+        .collect();
+    let mut sent = 0;
+    let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got[0].len() + got[1].len() < messages.len() {
+        assert!(Instant::now() < deadline, "stalled");
+        while sent < messages.len()
+            && a.try_send(1, messages[sent].0, &messages[sent].1)
+                .expect("send")
+        {
+            sent += 1;
+        }
+        b.progress().expect("progress");
+        for tag in 0..2u64 {
+            while let Some(m) = b.try_recv(0, tag).expect("recv") {
+                got[tag as usize].push(m.data.clone());
+                b.release(m);
+            }
+        }
+    }
+    for tag in 0..2u64 {
+        let want: Vec<&Vec<u8>> = messages
+            .iter()
+            .filter(|m| m.0 == tag)
+            .map(|m| &m.1)
+            .collect();
+        assert_eq!(
+            got[tag as usize].iter().collect::<Vec<_>>(),
+            want,
+            "tag {tag}"
+        );
+    }
+}
+
+#[test]
+fn a_message_larger_than_the_ring_is_fragmented() {
+    let (mut a, mut b) = pair(64 << 10);
+    let big: Vec<u8> = (0..1_000_003u32).map(|i| (i % 251) as u8).collect();
+    assert!(a.try_send(1, 7, &big).expect("send"));
+    assert!(!a.flushed(), "the remainder waits for room");
+    assert!(
+        !a.try_send(1, 8, b"after").expect("send"),
+        "later messages wait behind it"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "stalled");
+        a.progress().expect("progress");
+        got = b.try_recv(0, 7).expect("recv");
+    }
+    assert_eq!(got.expect("message").data, big);
+    assert!(a.flushed());
+    assert!(a.try_send(1, 8, b"after").expect("send"));
+    assert_eq!(recv_blocking(&mut b, 0, 8), b"after");
+}
+
+#[test]
+fn a_full_ring_answers_not_now_until_drained() {
+    let (mut a, mut b) = pair(64 << 10);
+    let chunk = vec![3u8; 16 << 10];
+    let mut accepted = 0;
+    while a.try_send(1, 1, &chunk).expect("send") {
+        accepted += 1;
+        assert!(accepted < 100, "a 64 KiB ring took more than 1.6 MB");
+    }
+    assert_eq!(
+        accepted, 3,
+        "64 KiB ring: three 16 KiB records and their headers"
+    );
+    b.progress().expect("drain");
+    assert!(a.try_send(1, 1, &chunk).expect("send after drain"));
+}
+
+#[test]
+fn a_parked_receiver_is_woken_by_a_send() {
+    let (mut a, mut b) = pair(64 << 10);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(a.try_send(1, 5, b"ding").expect("send"));
+        });
+        // One long wait: without the doorbell it would sleep the whole 8 s.
+        b.wait(Duration::from_secs(8)).expect("wait");
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the doorbell did not wake the receiver"
+    );
+    assert_eq!(recv_blocking(&mut b, 0, 5), b"ding");
+}
+
+#[test]
+fn a_closed_peer_is_reported_after_its_last_message() {
+    let (mut a, mut b) = pair(64 << 10);
+    assert!(a.try_send(1, 9, b"last words").expect("send"));
+    drop(a);
+    assert!(!b.peer_lost(0), "a message is still unread");
+    assert_eq!(recv_blocking(&mut b, 0, 9), b"last words");
+    assert!(b.peer_lost(0));
+    let err = b.try_send(0, 1, b"x").expect_err("send to a closed peer");
+    assert!(
+        matches!(err, TransportError::PeerClosed { peer: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_different_secret_is_refused() {
+    let mut a = endpoint(64 << 10);
+    let mut other = ShmConfig::new(Secret::derive("someone else"));
+    other.ring_bytes = 64 << 10;
+    let mut b = ShmTransport::bind(other).expect("bind");
+    let (aa, ba) = (a.address().clone(), b.address().clone());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (ra, rb) = std::thread::scope(|s| {
+        let t = s.spawn(|| b.connect(1, &[(0, aa)], deadline));
+        let ra = a.connect(0, &[(1, ba)], deadline);
+        (ra, t.join().expect("thread"))
+    });
+    // The side that finds the stranger's ring first refuses it and removes its own ring, so
+    // the other side may instead time out waiting for it.
+    let errors = [
+        ra.expect_err("rank 0 connected"),
+        rb.expect_err("rank 1 connected"),
+    ];
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(e, TransportError::Handshake { .. })
+                && e.to_string().contains("not made by rank")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().all(|e| matches!(
+            e,
+            TransportError::Handshake { .. } | TransportError::ConnectTimeout { .. }
+        )),
+        "{errors:?}"
+    );
+    assert!(
+        names_of(&a).is_empty() && names_of(&b).is_empty(),
+        "names left after a refusal"
+    );
+}
+
+#[test]
+fn a_malformed_address_is_refused() {
+    let mut a = endpoint(64 << 10);
+    let bad = PeerAddress::new(b"127.0.0.1:80".to_vec()).expect("address");
+    let e = a
+        .connect(0, &[(1, bad)], Instant::now() + Duration::from_secs(1))
+        .expect_err("bad address");
+    assert!(
+        matches!(e, TransportError::BadAddress { peer: 1, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_peer_times_out_naming_it_and_leaves_no_name() {
+    let mut a = endpoint(64 << 10);
+    let ghost = PeerAddress::new(b"1.0123456789abcdef".to_vec()).expect("address");
+    let e = a
+        .connect(
+            0,
+            &[(1, ghost)],
+            Instant::now() + Duration::from_millis(200),
+        )
+        .expect_err("nobody there");
+    assert!(
+        matches!(&e, TransportError::ConnectTimeout { rank: 0, missing } if missing == &vec![1]),
+        "{e}"
+    );
+    assert!(names_of(&a).is_empty());
+}
+
+#[test]
+fn rings_of_dead_processes_are_reclaimed() {
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let name = format!("/bcl.{dead}.00000000deadbeef.0to1");
+    drop(sys::Segment::create(&name, 8192).expect("create"));
+    let live = format!("/bcl.{}.00000000cafecafe.0to1", std::process::id());
+    drop(sys::Segment::create(&live, 8192).expect("create"));
+    let removed = reclaim_stale();
+    assert!(removed.contains(&name[1..].to_string()), "{removed:?}");
+    assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    assert!(
+        std::path::Path::new(&format!("/dev/shm{live}")).exists(),
+        "a live process's ring went"
+    );
+    sys::unlink(&live).expect("cleanup");
+}
+
+#[test]
+fn garbage_in_a_ring_is_a_protocol_error() {
+    let name = format!("/bcl.{}.00000000garbage0.0to1", std::process::id());
+    let seg = sys::Segment::create(&name, ring::DATA + 4096).expect("create");
+    sys::unlink(&name).expect("unlink");
+    let id = Identity {
+        producer_rank: 0,
+        consumer_rank: 1,
+        consumer_pid: 1,
+        proof: [0; 32],
+    };
+    ring::initialize(&seg, 4096, &id);
+    let (cap, _) = ring::inspect(&seg).expect("valid").expect("initialized");
+    let seg2 = sys::Segment::open(&name).ok().flatten();
+    assert!(seg2.is_none(), "the name is gone");
+    // The producer claims a record whose length runs past what it published.
+    seg.write(
+        ring::DATA,
+        &[1, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 1, 0, 0, 0],
+    );
+    seg.atomic_u64(128)
+        .store(32, std::sync::atomic::Ordering::Release);
+    let mut c = Consumer::new(seg, cap);
+    let e = c.next(&mut Vec::new()).expect_err("garbage");
+    assert!(e.contains("bad record header"), "{e}");
+    let _ = Producer::attach;
+}

@@ -40,6 +40,25 @@ fn apply<T: Element>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+/// `dst[i] = a[i] (op) b[i]` over typed slices: a copy and a reduction in one pass (an
+/// out-of-place reduction reads its input once instead of copying it first).
+pub fn combine_slice<T: Element>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
+    match op.accumulate_op() {
+        ReduceOp::Sum => apply3(dst, a, b, T::add),
+        ReduceOp::Prod => apply3(dst, a, b, T::mul),
+        ReduceOp::Min => apply3(dst, a, b, T::min_of),
+        ReduceOp::Max => apply3(dst, a, b, T::max_of),
+        ReduceOp::Avg => unreachable!("accumulate_op never returns Avg"),
+    }
+}
+
+#[inline(always)]
+fn apply3<T: Element>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(*x, *y);
+    }
+}
+
 /// `dst[i] = dst[i] / n` over a typed slice: the last step of `avg`.
 pub fn divide_slice<T: Element>(dst: &mut [T], n: usize) {
     for d in dst.iter_mut() {
@@ -75,6 +94,20 @@ fn reduce_bytes_typed<T: Element>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
                 reduce_slice(&mut a, &b, op);
                 d.copy_from_slice(bytemuck::bytes_of(&a[0]));
             }
+        }
+    }
+}
+
+fn combine_bytes_typed<T: Element>(dst: &mut [u8], a: &[u8], b: &[u8], op: ReduceOp) {
+    match (
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+        bytemuck::try_cast_slice::<u8, T>(a),
+        bytemuck::try_cast_slice::<u8, T>(b),
+    ) {
+        (Ok(d), Ok(x), Ok(y)) => combine_slice(d, x, y, op),
+        _ => {
+            dst.copy_from_slice(a);
+            reduce_bytes_typed::<T>(dst, b, op);
         }
     }
 }
@@ -120,6 +153,20 @@ pub fn reduce_bytes(
     Ok(())
 }
 
+/// `dst = a (op) b` over raw bytes holding `dtype` elements (native byte order).
+pub fn combine_bytes(
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<(), KernelError> {
+    check(dst.len(), a.len(), dtype)?;
+    check(dst.len(), b.len(), dtype)?;
+    dispatch!(dtype, combine_bytes_typed, dst, a, b, op);
+    Ok(())
+}
+
 /// `dst = dst / n` over raw bytes holding `dtype` elements: the final step of `avg`.
 pub fn divide_bytes(dst: &mut [u8], dtype: DataType, n: usize) -> Result<(), KernelError> {
     check(dst.len(), dst.len(), dtype)?;
@@ -131,6 +178,39 @@ pub fn divide_bytes(dst: &mut [u8], dtype: DataType, n: usize) -> Result<(), Ker
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn combine_is_copy_then_reduce_for_every_dtype_and_op() {
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                let n = 37 * dtype.size();
+                let a: Vec<u8> = (0..n).map(|i| (i * 7 % 13) as u8 + 1).collect();
+                let b: Vec<u8> = (0..n).map(|i| (i * 5 % 11) as u8 + 1).collect();
+                let mut want = a.clone();
+                reduce_bytes(&mut want, &b, dtype, op).expect("reduce");
+                let mut got = vec![0u8; n];
+                combine_bytes(&mut got, &a, &b, dtype, op).expect("combine");
+                assert_eq!(got, want, "{dtype} {op:?}");
+                // Misaligned views take the fallback path with the same result.
+                let mut odd = vec![0u8; n + 1];
+                let (mut a1, mut b1) = (vec![0u8; n + 1], vec![0u8; n + 1]);
+                a1[1..].copy_from_slice(&a);
+                b1[1..].copy_from_slice(&b);
+                combine_bytes(&mut odd[1..], &a1[1..], &b1[1..], dtype, op).expect("combine");
+                assert_eq!(odd[1..], want[..], "{dtype} {op:?} misaligned");
+            }
+        }
+        assert_eq!(
+            combine_bytes(
+                &mut [0u8; 8],
+                &[0u8; 4],
+                &[0u8; 8],
+                DataType::Float32,
+                ReduceOp::Sum
+            ),
+            Err(KernelError::LengthMismatch { dst: 8, src: 4 })
+        );
+    }
 
     #[test]
     fn every_op_on_i32() {

@@ -24,7 +24,6 @@ use bcl_transport::store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServ
 use bcl_transport::{Secret, Transport, TransportError};
 use crossbeam::channel::{Receiver, Sender, unbounded};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -49,6 +48,9 @@ struct PlanKey {
     slice_elems: usize,
 }
 
+/// How many plans a communicator keeps (least recently used dropped first).
+const PLANS_KEPT: usize = 64;
+
 /// The state one operation at a time works on: the transport, plans, scratch space.
 struct Engine {
     transport: Box<dyn Transport>,
@@ -60,7 +62,9 @@ struct Engine {
     /// rank does in between.
     sent_to: Vec<u32>,
     received_from: Vec<u32>,
-    plans: HashMap<PlanKey, Plan>,
+    /// Plans by key, most recently used first (a few keys at a time: a linear search beats
+    /// hashing the key).
+    plans: Vec<(PlanKey, Plan)>,
     host_scratch: Vec<u8>,
     device_scratch: Option<DeviceBuffer>,
 }
@@ -294,7 +298,10 @@ impl Communicator {
         health
             .watch(peers.clone(), layout.ring().to_vec(), deadline)
             .map_err(|reason| Error::Bootstrap { rank, reason })?;
-        let spin = spin_window(peers.iter().filter(|p| p.host_id == me.host_id).count());
+        let spin = spin_window(
+            config.spin,
+            peers.iter().filter(|p| p.host_id == me.host_id).count(),
+        );
         tracing::debug!(rank, world, ring = ?layout.ring(), device = %me.device, "communicator ready");
         let config_timeout_ms = config.op_timeout.as_millis() as u64;
         let shared = Arc::new(Shared {
@@ -310,7 +317,7 @@ impl Communicator {
                 seq: 0,
                 sent_to: vec![0; world],
                 received_from: vec![0; world],
-                plans: HashMap::new(),
+                plans: Vec::new(),
                 host_scratch: Vec::new(),
                 device_scratch: None,
             }),
@@ -843,18 +850,20 @@ fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
 }
 
 /// How long the driver polls without sleeping once nothing moves, when this host has a core
-/// for each of its ranks: a reply that comes within this window is picked up without a
-/// wake-up from poll(2) (8 B allreduce, 2 ranks here: ~57 µs → ~30 µs). With more ranks than
-/// cores, spinning steals the core a peer needs, so the driver yields instead.
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+/// for each of its ranks. A reply that comes within this window is picked up without a wake-up
+/// from poll(2), and on this VM a sleeping core takes 0.1-4 ms to wake: with a 50 µs window, a
+/// 2-rank 64 B allreduce over shm averaged 3-30 µs from run to run, with 500 µs a steady
+/// 3-4 µs (`BCL_SPIN_US`). With more ranks than cores, spinning steals the core a peer needs,
+/// so the driver yields instead.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(500);
 
 /// The spin window for a rank whose host runs `local_ranks` ranks.
-fn spin_window(local_ranks: usize) -> Duration {
+fn spin_window(configured: Option<Duration>, local_ranks: usize) -> Duration {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if local_ranks <= cores {
-        SPIN_BEFORE_SLEEP
-    } else {
-        Duration::ZERO
+    match configured {
+        Some(spin) => spin,
+        None if local_ranks <= cores => SPIN_BEFORE_SLEEP,
+        None => Duration::ZERO,
     }
 }
 
@@ -910,12 +919,20 @@ fn run<'a>(
         device_scratch,
         ..
     } = engine;
-    if plans.len() > 256 {
-        plans.clear();
-    }
-    let plan = plans
-        .entry(key)
-        .or_insert_with(|| build_plan(collective, algorithm, layout, count, in_place, slice_elems));
+    let plan = match plans.iter().position(|(k, _)| *k == key) {
+        Some(0) => &plans[0].1,
+        Some(at) => {
+            let entry = plans.remove(at);
+            plans.insert(0, entry);
+            &plans[0].1
+        }
+        None => {
+            plans.truncate(PLANS_KEPT - 1);
+            let plan = build_plan(collective, algorithm, layout, count, in_place, slice_elems);
+            plans.insert(0, (key, plan));
+            &plans[0].1
+        }
+    };
     let scratch_bytes = plan.scratch_elems * dtype.size();
     let device_error = |source| Error::Device {
         rank,
@@ -976,14 +993,16 @@ fn run<'a>(
             Ok(_) if exec.is_done() => break Ok(()),
             Ok(true) => idle = 0,
             Ok(false) => {
+                // One clock read per idle round: on a VM it is a large part of a spin.
+                let now = Instant::now();
                 if idle == 0 {
-                    idle_since = Instant::now();
+                    idle_since = now;
                 }
                 idle += 1;
-                if Instant::now() >= deadline {
+                if now >= deadline {
                     break Err(timeout_error(shared, &exec, signature, started));
                 }
-                let stalled = exec.last_progress.elapsed();
+                let stalled = now.saturating_duration_since(exec.last_progress);
                 if stalled >= hang_timeout && investigated.is_none_or(|at| at < exec.last_progress)
                 {
                     investigated = Some(Instant::now());
@@ -993,7 +1012,7 @@ fn run<'a>(
                     }
                     health.investigate_stall(peers, signature);
                 }
-                if idle_since.elapsed() >= shared.spin && idle > 4 {
+                if now - idle_since >= shared.spin && idle > 4 {
                     if let Some(peer) = exec.lost_peer(transport.as_ref()) {
                         let lost = TransportError::PeerClosed {
                             peer,

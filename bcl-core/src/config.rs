@@ -73,6 +73,9 @@ pub struct CommConfig {
     pub algorithm: Option<Algorithm>,
     /// Heartbeats, hang detection, fault diagnosis and the flight recorder's dump.
     pub health: HealthConfig,
+    /// How long a rank waiting inside a collective polls before it sleeps. `None`: 500 µs
+    /// when this host has a core for each of its ranks, else none (it yields instead).
+    pub spin: Option<Duration>,
 }
 
 impl Default for CommConfig {
@@ -89,6 +92,7 @@ impl Default for CommConfig {
             store_prefix: "bcl".into(),
             algorithm: None,
             health: HealthConfig::default(),
+            spin: None,
         }
     }
 }
@@ -106,7 +110,7 @@ impl CommConfig {
     /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
     /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
-    /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`.
+    /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`, `BCL_SPIN_US`.
     pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         if let Some(v) = get("BCL_DEVICE") {
             self.device = v
@@ -137,6 +141,9 @@ impl CommConfig {
                         .map_err(|e| Error::InvalidArgument(format!("BCL_ALGO: {e}")))?,
                 ),
             };
+        }
+        if let Some(v) = get("BCL_SPIN_US") {
+            self.spin = Some(Duration::from_micros(number("BCL_SPIN_US", &v)?));
         }
         if let Some(v) = get("BCL_SLICE_BYTES") {
             self.slice_bytes = number::<usize>("BCL_SLICE_BYTES", &v)?.max(64);

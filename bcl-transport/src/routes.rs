@@ -143,6 +143,15 @@ impl Transport for Routes {
         self.part(peer).try_recv(peer, tag)
     }
 
+    fn try_recv_with(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        consume: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<bool, TransportError> {
+        self.part(peer).try_recv_with(peer, tag, consume)
+    }
+
     fn release(&mut self, message: Received) {
         self.part(message.peer).release(message)
     }

@@ -116,6 +116,26 @@ pub trait Transport: Send + fmt::Debug {
     /// The next message from `peer` under `tag`, if it has fully arrived.
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError>;
 
+    /// The next message from `peer` under `tag`, handed to `consume` where it lies (the shm
+    /// transport: in the ring, with no copy out) and freed when `consume` returns, together with
+    /// the transfer time where known (see [`Received::transfer`]). `Ok(false)`: it has not fully
+    /// arrived.
+    fn try_recv_with(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        consume: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<bool, TransportError> {
+        match self.try_recv(peer, tag)? {
+            Some(message) => {
+                consume(&message.data, message.transfer);
+                self.release(message);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Return a message's buffer to the transport.
     fn release(&mut self, message: Received);
 

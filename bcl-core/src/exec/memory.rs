@@ -149,6 +149,47 @@ impl<'a> Bindings<'a> {
         }
     }
 
+    /// `into = seed (op) data`: an out-of-place reduction's first touch of `into`. Where both
+    /// are host memory of different buffers, one pass reads the seed and the data and writes
+    /// the result; otherwise the seed is copied, then `data` reduced into it.
+    pub(super) fn reduce_seeded(
+        &mut self,
+        seed: Region,
+        into: Region,
+        esize: usize,
+        data: &[u8],
+        ctx: &OpContext<'_>,
+    ) -> Result<(), ExecError> {
+        {
+            let Bindings {
+                input,
+                output,
+                scratch,
+            } = &mut *self;
+            let pair = match (seed.buffer, into.buffer) {
+                (BufferId::Input, BufferId::Output) => Some((input.as_ref(), output.as_mut())),
+                (BufferId::Input, BufferId::Scratch) => Some((input.as_ref(), scratch.as_mut())),
+                (BufferId::Output, BufferId::Scratch) => Some((output.as_ref(), scratch.as_mut())),
+                (BufferId::Scratch, BufferId::Output) => Some((scratch.as_ref(), output.as_mut())),
+                _ => None,
+            };
+            if let Some((Some(src), Some(Memory::HostWrite(dst)))) = pair {
+                let a = match src {
+                    Memory::HostRead(s) => Some(slice(s, byte_range(seed, esize), seed)?),
+                    Memory::HostWrite(s) => Some(slice(s, byte_range(seed, esize), seed)?),
+                    Memory::Device(_) => None,
+                };
+                if let Some(a) = a {
+                    let d = slice_mut(dst, byte_range(into, esize), into)?;
+                    return kernels::combine_bytes(d, a, data, ctx.dtype, ctx.op)
+                        .map_err(|e| ExecError::Binding(e.to_string()));
+                }
+            }
+        }
+        self.copy(seed, into, esize, ctx)?;
+        self.reduce_into(into, esize, data, ctx)
+    }
+
     /// Copy `from` to `to` (different buffers, or disjoint ranges of one).
     pub(super) fn copy(
         &mut self,

@@ -347,60 +347,63 @@ impl<'p> Executor<'p> {
                 reduce,
                 seed,
             } => {
+                let (peer, expected) = (*peer, into.len * esize);
                 let carried = self
                     .carried
                     .iter()
-                    .position(|(p, t, _)| p == peer && t == tag);
-                let (message, offset) = match carried {
-                    Some(at) => (self.carried.swap_remove(at).2, BUNDLE_HEADER),
-                    None => match transport.try_recv(*peer, ctx.tag(*tag))? {
-                        Some(m) => (m, 0),
-                        None => return Ok(false),
-                    },
+                    .position(|(p, t, _)| *p == peer && t == tag);
+                let mut sink = Sink {
+                    peer,
+                    expected,
+                    into: *into,
+                    reduce: *reduce,
+                    seed: *seed,
+                    memory,
+                    ctx,
+                    device_secs: &mut self.device_secs,
+                    device_bytes: &mut self.device_bytes,
+                    link_rates: &mut self.link_rates,
                 };
-                let data = &message.data[offset..];
-                let expected = into.len * esize;
-                let got = data.len();
-                let result = if got != expected {
-                    // A different operation, most likely: its signature (sent on its own
-                    // ahead of large data) says which, if it is here.
-                    if let Err(e) = self.exchange_signatures(transport, ctx) {
+                let outcome = match carried {
+                    Some(at) => {
+                        let message = self.carried.swap_remove(at).2;
+                        let outcome = sink.deliver(&message.data[BUNDLE_HEADER..], None);
                         transport.release(message);
-                        return Err(e);
+                        outcome
                     }
-                    Err(ExecError::Mismatch {
-                        peer: *peer,
-                        got,
-                        expected,
-                    })
-                } else {
-                    let started = Instant::now();
-                    if let Some(seed) = seed
-                        && let Err(e) = memory.copy(*seed, *into, esize, ctx)
-                    {
-                        transport.release(message);
-                        return Err(e);
+                    None => {
+                        // Handed over where it lies (in a shared-memory ring: no copy out).
+                        let mut outcome = None;
+                        let arrived = transport.try_recv_with(
+                            peer,
+                            ctx.tag(*tag),
+                            &mut |data, transfer| {
+                                outcome = Some(sink.deliver(data, transfer));
+                            },
+                        )?;
+                        if !arrived {
+                            return Ok(false);
+                        }
+                        outcome.unwrap_or_else(|| {
+                            Err(ExecError::Binding(
+                                "a transport reported a message it never handed over".into(),
+                            ))
+                        })
                     }
-                    let done = if *reduce {
-                        memory.reduce_into(*into, esize, data, ctx)
-                    } else {
-                        memory.write(*into, esize, data, ctx)
-                    };
-                    self.device_secs += started.elapsed().as_secs_f64();
-                    self.device_bytes += got as u64;
-                    if got >= crate::health::slow::RATE_MIN_BYTES
-                        && let Some(t) = message.transfer
-                    {
-                        let secs = t.as_secs_f64().max(1e-6);
-                        self.link_rates
-                            .push((*peer, (got as f64 / secs / 1e9) as f32));
-                    }
-                    done
                 };
-                transport.release(message);
-                result?;
-                self.peer_bytes[*peer][1] += got as u64;
-                Ok(true)
+                match outcome {
+                    Ok(()) => {
+                        self.peer_bytes[peer][1] += expected as u64;
+                        Ok(true)
+                    }
+                    Err(ExecError::Mismatch { .. }) => {
+                        // A different operation, most likely: its signature (sent on its own
+                        // ahead of large data) says which, if it is here.
+                        self.exchange_signatures(transport, ctx)?;
+                        outcome.map(|_| true)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Action::Copy { from, to } => {
                 memory.copy(*from, *to, esize, ctx)?;
@@ -411,6 +414,68 @@ impl<'p> Executor<'p> {
                 Ok(true)
             }
         }
+    }
+}
+
+/// Where one received message goes: reduced into or written over a region (seeded first, for
+/// out-of-place reductions), with the time and bytes the device spent on it.
+struct Sink<'s, 'm, 'c> {
+    peer: usize,
+    expected: usize,
+    into: Region,
+    reduce: bool,
+    seed: Option<Region>,
+    memory: &'s mut Bindings<'m>,
+    ctx: &'s OpContext<'c>,
+    device_secs: &'s mut f64,
+    device_bytes: &'s mut u64,
+    link_rates: &'s mut Vec<(usize, f32)>,
+}
+
+impl Sink<'_, '_, '_> {
+    fn deliver(
+        &mut self,
+        data: &[u8],
+        transfer: Option<std::time::Duration>,
+    ) -> Result<(), ExecError> {
+        let (esize, ctx) = (self.ctx.dtype.size(), self.ctx);
+        let got = data.len();
+        if got != self.expected {
+            return Err(ExecError::Mismatch {
+                peer: self.peer,
+                got,
+                expected: self.expected,
+            });
+        }
+        // Device speed is measured on messages large enough to carry it (and the clock is not
+        // read for small ones: on a VM a read costs a visible part of a small allreduce).
+        let timed = got >= crate::health::slow::RATE_MIN_BYTES;
+        let started = timed.then(Instant::now);
+        let done = match (self.seed, self.reduce) {
+            (Some(seed), true) => self.memory.reduce_seeded(seed, self.into, esize, data, ctx),
+            (seed, reduce) => {
+                if let Some(seed) = seed {
+                    self.memory.copy(seed, self.into, esize, ctx)?;
+                }
+                if reduce {
+                    self.memory.reduce_into(self.into, esize, data, ctx)
+                } else {
+                    self.memory.write(self.into, esize, data, ctx)
+                }
+            }
+        };
+        if let Some(started) = started {
+            *self.device_secs += started.elapsed().as_secs_f64();
+            *self.device_bytes += got as u64;
+        }
+        if got >= crate::health::slow::RATE_MIN_BYTES
+            && let Some(t) = transfer
+        {
+            let secs = t.as_secs_f64().max(1e-6);
+            self.link_rates
+                .push((self.peer, (got as f64 / secs / 1e9) as f32));
+        }
+        done
     }
 }
 

@@ -106,7 +106,8 @@ pub struct ShmTransport {
     /// "<pid>.<nonce>": names this endpoint's rings and doorbell.
     id: String,
     doorbell: UnixDatagram,
-    peers: HashMap<usize, Peer>,
+    /// By rank; `None` for ranks this endpoint is not connected with.
+    peers: Vec<Option<Peer>>,
     inbox: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
     pool: Vec<Vec<u8>>,
     /// Ring names this endpoint created and has not unlinked yet.
@@ -210,7 +211,7 @@ impl ShmTransport {
             address,
             id,
             doorbell,
-            peers: HashMap::new(),
+            peers: Vec::new(),
             inbox: HashMap::new(),
             pool: Vec::new(),
             created: Vec::new(),
@@ -234,14 +235,15 @@ impl ShmTransport {
             peer,
             addr: self
                 .peers
-                .get(&peer)
+                .get(peer)
+                .and_then(Option::as_ref)
                 .map_or_else(|| format!("shm peer {peer}"), |p| p.label.clone()),
         }
     }
 
     /// Push as much of `peer`'s pending remainder as fits. Returns whether bytes moved.
     fn push_pending(&mut self, peer: usize) -> bool {
-        let Some(p) = self.peers.get_mut(&peer) else {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
             return false;
         };
         let Some(pending) = p.pending.as_mut() else {
@@ -275,51 +277,80 @@ impl ShmTransport {
         moved
     }
 
-    /// Copy every arrived record of `peer`'s ring out. Returns whether any arrived.
-    fn drain(&mut self, peer: usize) -> Result<bool, TransportError> {
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return Ok(false);
+    /// Take records off `peer`'s ring in order. A message under `want` that is one whole
+    /// record is handed to `deliver` in place, which ends the walk; every other record is copied
+    /// into the inbox (or into the message being reassembled from fragments). `want` `None`:
+    /// copy everything. Returns (whether records were taken, whether `deliver` was called).
+    fn walk(
+        &mut self,
+        peer: usize,
+        want: Option<Tag>,
+        deliver: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<(bool, bool), TransportError> {
+        let ShmTransport {
+            peers,
+            inbox,
+            pool,
+            doorbell,
+            ..
+        } = self;
+        let Some(p) = peers.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(TransportError::UnknownPeer { peer });
         };
-        let mut moved = false;
-        loop {
-            let fragment =
-                p.inp
-                    .next(&mut p.partial)
-                    .map_err(|reason| TransportError::Protocol {
-                        peer,
-                        addr: p.label.clone(),
-                        reason,
-                    })?;
-            let Some(f) = fragment else { break };
-            moved = true;
-            if p.partial_tag.is_some_and(|t| t != f.tag) {
-                return Err(TransportError::Protocol {
-                    peer,
-                    addr: p.label.clone(),
-                    reason: format!(
-                        "a fragment of tag {:#x} interrupted a message of tag {:#x}",
-                        f.tag,
-                        p.partial_tag.unwrap_or_default()
-                    ),
-                });
+        let protocol = |reason: String| TransportError::Protocol {
+            peer,
+            addr: p.label.clone(),
+            reason,
+        };
+        let mut taken = false;
+        let mut delivered = false;
+        while let Some(record) = p.inp.peek().map_err(protocol)? {
+            taken = true;
+            if p.partial_tag.is_some_and(|t| t != record.tag) {
+                return Err(protocol(format!(
+                    "a fragment of tag {:#x} interrupted a message of tag {:#x}",
+                    record.tag,
+                    p.partial_tag.unwrap_or_default()
+                )));
             }
-            if f.last {
-                let mut fresh = self.pool.pop().unwrap_or_default();
+            if want == Some(record.tag) && record.last && p.partial_tag.is_none() {
+                deliver(p.inp.bytes(&record), None);
+                p.inp.consume(&record);
+                delivered = true;
+                break;
+            }
+            p.partial.extend_from_slice(p.inp.bytes(&record));
+            p.inp.consume(&record);
+            if record.last {
+                let mut fresh = pool.pop().unwrap_or_default();
                 fresh.clear();
                 let message = std::mem::replace(&mut p.partial, fresh);
                 p.partial_tag = None;
-                self.inbox
-                    .entry((peer, f.tag))
+                inbox
+                    .entry((peer, record.tag))
                     .or_default()
                     .push_back(message);
             } else {
-                p.partial_tag = Some(f.tag);
+                p.partial_tag = Some(record.tag);
             }
         }
         if p.inp.release() {
-            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+            let _ = doorbell.send_to_addr(&[1], &p.doorbell);
         }
-        Ok(moved)
+        Ok((taken, delivered))
+    }
+
+    /// The next queued (already copied) message from `peer` under `tag`.
+    fn queued(&mut self, peer: usize, tag: Tag) -> Option<Vec<u8>> {
+        if self.inbox.is_empty() {
+            return None;
+        }
+        let q = self.inbox.get_mut(&(peer, tag))?;
+        let data = q.pop_front();
+        if q.is_empty() {
+            self.inbox.remove(&(peer, tag));
+        }
+        data
     }
 
     /// Set up this rank's rings with every listed peer (see the module comment).
@@ -446,20 +477,20 @@ impl ShmTransport {
                     source,
                 })?;
             let pidfd = sys::pidfd_open(peer_pid).ok();
-            self.peers.insert(
-                peer,
-                Peer {
-                    label: format!("shm endpoint {peer_id}"),
-                    pid: peer_pid,
-                    pidfd,
-                    doorbell,
-                    out,
-                    inp,
-                    pending: None,
-                    partial: Vec::new(),
-                    partial_tag: None,
-                },
-            );
+            if self.peers.len() <= peer {
+                self.peers.resize_with(peer + 1, || None);
+            }
+            self.peers[peer] = Some(Peer {
+                label: format!("shm endpoint {peer_id}"),
+                pid: peer_pid,
+                pidfd,
+                doorbell,
+                out,
+                inp,
+                pending: None,
+                partial: Vec::new(),
+                partial_tag: None,
+            });
         }
         self.unlink_created();
         Ok(())
@@ -490,7 +521,7 @@ impl Transport for ShmTransport {
 
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
         let max = self.config.max_message;
-        let Some(p) = self.peers.get_mut(&peer) else {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
             return Err(TransportError::UnknownPeer { peer });
         };
         if p.out.consumer_closed() {
@@ -531,26 +562,57 @@ impl Transport for ShmTransport {
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        if let Some(q) = self.inbox.get_mut(&(peer, tag))
-            && let Some(data) = q.pop_front()
-        {
-            if q.is_empty() {
-                self.inbox.remove(&(peer, tag));
-            }
-            return Ok(Some(Received {
-                peer,
-                tag,
-                data,
-                transfer: None,
-            }));
-        }
-        if !self.peers.contains_key(&peer) {
+        let Some(p) = self.peers.get(peer).and_then(Option::as_ref) else {
             return Err(TransportError::UnknownPeer { peer });
+        };
+        let arrived = p.inp.has_data();
+        let mut data = self.queued(peer, tag);
+        if data.is_none() && arrived {
+            let mut buf = self.pool.pop().unwrap_or_default();
+            buf.clear();
+            let mut copied = false;
+            self.walk(peer, Some(tag), &mut |bytes, _| {
+                buf.extend_from_slice(bytes);
+                copied = true;
+            })?;
+            data = if copied {
+                Some(buf)
+            } else {
+                self.pool.push(buf);
+                self.queued(peer, tag)
+            };
         }
-        if self.drain(peer)? {
-            return self.try_recv(peer, tag);
+        Ok(data.map(|data| Received {
+            peer,
+            tag,
+            data,
+            transfer: None,
+        }))
+    }
+
+    fn try_recv_with(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        consume: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<bool, TransportError> {
+        let data = match self.queued(peer, tag) {
+            Some(data) => data,
+            None => {
+                if self.walk(peer, Some(tag), consume)?.1 {
+                    return Ok(true);
+                }
+                match self.queued(peer, tag) {
+                    Some(data) => data,
+                    None => return Ok(false),
+                }
+            }
+        };
+        consume(&data, None);
+        if self.pool.len() < POOL_LIMIT {
+            self.pool.push(data);
         }
-        Ok(None)
+        Ok(true)
     }
 
     fn release(&mut self, message: Received) {
@@ -561,10 +623,17 @@ impl Transport for ShmTransport {
 
     fn progress(&mut self) -> Result<bool, TransportError> {
         let mut moved = false;
-        let peers: Vec<usize> = self.peers.keys().copied().collect();
-        for peer in peers {
+        for peer in 0..self.peers.len() {
             moved |= self.push_pending(peer);
-            moved |= self.drain(peer)?;
+            // Records stay in the ring until asked for (then they are handed out in place),
+            // unless the ring fills up or its producer waits for room: then they are copied out,
+            // so that a sender never waits on what this rank will ask for later.
+            let Some(p) = &self.peers[peer] else {
+                continue;
+            };
+            if p.inp.in_use() > p.inp.capacity() / 2 || p.inp.producer_parked() {
+                moved |= self.walk(peer, None, &mut |_, _| {})?.0;
+            }
         }
         Ok(moved)
     }
@@ -587,7 +656,7 @@ impl Transport for ShmTransport {
     fn prepare_wait(&mut self, fds: &mut Vec<(RawFd, bool)>) -> Readiness {
         fds.push((self.doorbell.as_raw_fd(), false));
         let mut ready = false;
-        for p in self.peers.values_mut() {
+        for p in self.peers.iter_mut().flatten() {
             ready |= p.inp.park();
             if let Some(pending) = &p.pending {
                 ready |= p.out.park(pending.data.len() - pending.sent);
@@ -604,7 +673,7 @@ impl Transport for ShmTransport {
     }
 
     fn after_wait(&mut self) {
-        for p in self.peers.values() {
+        for p in self.peers.iter().flatten() {
             p.inp.unpark();
             p.out.unpark();
         }
@@ -613,12 +682,13 @@ impl Transport for ShmTransport {
     }
 
     fn flushed(&self) -> bool {
-        self.peers.values().all(|p| p.pending.is_none())
+        self.peers.iter().flatten().all(|p| p.pending.is_none())
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
         self.peers
-            .get(&peer)
+            .get(peer)
+            .and_then(Option::as_ref)
             .is_some_and(|p| p.gone() && !p.inp.has_data() && p.partial_tag.is_none())
             && !self.inbox.keys().any(|(from, _)| *from == peer)
     }
@@ -626,7 +696,7 @@ impl Transport for ShmTransport {
 
 impl Drop for ShmTransport {
     fn drop(&mut self) {
-        for p in self.peers.values() {
+        for p in self.peers.iter().flatten() {
             p.out.close();
             p.inp.close();
             self.ring(p);

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! A record is a 16-byte header (tag u64, fragment length u32, flags u32) and the fragment's
-//! bytes, padded to 16 so a header never wraps (payloads may). `tail` and `head` count bytes
+//! bytes, padded to 16. A record never wraps: where one would not fit before the end of the data
+//! area, a skip record fills the rest and the record starts at offset 0, so the consumer can
+//! hand out every payload as one contiguous slice. `tail` and `head` count bytes
 //! ever written and consumed: `tail - head` is in use. The producer writes records into free
 //! space and publishes them with a release store of `tail`; the consumer reads up to an acquire
 //! load of `tail` and frees the space with a release store of `head`. Each side writes only its
@@ -29,6 +31,8 @@ pub const VERSION: u32 = 1;
 pub const DATA: usize = 4096;
 pub const RECORD_HEADER: usize = 16;
 const FLAG_LAST: u32 = 1;
+/// The rest of the data area is padding: the next record starts at offset 0.
+const FLAG_SKIP: u32 = 2;
 
 // Header fields.
 const OFF_MAGIC: usize = 0;
@@ -149,40 +153,51 @@ impl Producer {
         }
     }
 
-    /// Bytes of payload the next record can carry, refreshing the consumer's position if needed.
+    /// The largest payload (at most `want`) one record can carry now, refreshing the consumer's
+    /// position when `want` does not fit: either before the end of the data area, or at its
+    /// start after a skip record.
     pub fn room(&mut self, want: usize) -> usize {
-        let free = |p: &Self| p.capacity - (p.tail - p.head_seen) as usize;
-        if free(self) < RECORD_HEADER + pad16(want) {
+        let fits = |p: &Self| {
+            let free = p.capacity - (p.tail - p.head_seen) as usize;
+            let to_end = p.capacity - (p.tail as usize & (p.capacity - 1));
+            let here = free.min(to_end).saturating_sub(RECORD_HEADER) & !15;
+            let after_skip = free.saturating_sub(to_end + RECORD_HEADER) & !15;
+            here.max(after_skip)
+        };
+        if fits(self) < want {
             self.head_seen = self.seg.atomic_u64(OFF_HEAD).load(Ordering::Acquire);
         }
-        free(self).saturating_sub(RECORD_HEADER) & !15
+        fits(self).min(want)
     }
 
-    /// The largest fragment a record can ever carry.
+    /// The largest record payload that always fits once the ring has drained, wherever its
+    /// position: half the data area (less a header).
     pub fn max_fragment(&self) -> usize {
-        self.capacity - RECORD_HEADER
+        self.capacity / 2 - RECORD_HEADER
+    }
+
+    fn write_header(&mut self, tag: Tag, len: usize, flags: u32) {
+        let mut header = [0u8; RECORD_HEADER];
+        header[..8].copy_from_slice(&tag.to_le_bytes());
+        header[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+        header[12..].copy_from_slice(&flags.to_le_bytes());
+        let at = self.tail as usize & (self.capacity - 1);
+        self.seg.write(DATA + at, &header);
     }
 
     /// Write one record (not yet visible to the consumer). The caller checked `room`.
     pub fn push(&mut self, tag: Tag, fragment: &[u8], last: bool) {
-        debug_assert!(
-            RECORD_HEADER + pad16(fragment.len())
-                <= self.capacity - (self.tail - self.head_seen) as usize
-        );
-        let mut header = [0u8; RECORD_HEADER];
-        header[..8].copy_from_slice(&tag.to_le_bytes());
-        header[8..12].copy_from_slice(&(fragment.len() as u32).to_le_bytes());
-        header[12..].copy_from_slice(&(if last { FLAG_LAST } else { 0 }).to_le_bytes());
-        let mask = self.capacity - 1;
-        let at = self.tail as usize & mask;
-        self.seg.write(DATA + at, &header);
-        let start = (at + RECORD_HEADER) & mask;
-        let first = fragment.len().min(self.capacity - start);
-        self.seg.write(DATA + start, &fragment[..first]);
-        if first < fragment.len() {
-            self.seg.write(DATA, &fragment[first..]);
+        let size = RECORD_HEADER + pad16(fragment.len());
+        let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));
+        if size > to_end {
+            self.write_header(0, to_end - RECORD_HEADER, FLAG_SKIP);
+            self.tail += to_end as u64;
         }
-        self.tail += (RECORD_HEADER + pad16(fragment.len())) as u64;
+        debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
+        self.write_header(tag, fragment.len(), if last { FLAG_LAST } else { 0 });
+        let at = self.tail as usize & (self.capacity - 1);
+        self.seg.write(DATA + at + RECORD_HEADER, fragment);
+        self.tail += size as u64;
         self.unpublished = true;
     }
 
@@ -232,11 +247,14 @@ impl Producer {
     }
 }
 
-/// One record's description, as read by the consumer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fragment {
+/// A record found by [`Consumer::peek`]: where its payload lies in the segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
     pub tag: Tag,
     pub last: bool,
+    start: usize,
+    len: usize,
+    size: usize,
 }
 
 /// The receiving half of a ring (the creator of its segment).
@@ -246,6 +264,8 @@ pub struct Consumer {
     capacity: usize,
     head: u64,
     freed: bool,
+    /// The producer's tail when this side last got ready to sleep.
+    observed_tail: u64,
 }
 
 impl Consumer {
@@ -255,6 +275,7 @@ impl Consumer {
             capacity,
             head: 0,
             freed: false,
+            observed_tail: 0,
         }
     }
 
@@ -276,51 +297,89 @@ impl Consumer {
         self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire) != self.head
     }
 
-    /// Append the next record's bytes to `out`. `Ok(None)`: the ring is empty. An error: the
-    /// producer wrote something that is not a record (a bug or memory corruption).
-    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<Option<Fragment>, String> {
-        let tail = self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire);
-        if tail == self.head {
-            return Ok(None);
+    /// The next record, without consuming it (skip records are consumed on the way).
+    /// `Ok(None)`: the ring is empty. An error: the producer wrote something that is not a
+    /// record (a bug or memory corruption).
+    pub fn peek(&mut self) -> Result<Option<Record>, String> {
+        loop {
+            let tail = self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire);
+            if tail == self.head {
+                return Ok(None);
+            }
+            let in_use = tail.wrapping_sub(self.head);
+            if in_use > self.capacity as u64
+                || in_use < RECORD_HEADER as u64
+                || !in_use.is_multiple_of(16)
+            {
+                return Err(format!(
+                    "ring positions are inconsistent (tail {tail}, head {})",
+                    self.head
+                ));
+            }
+            let at = self.head as usize & (self.capacity - 1);
+            let mut header = [0u8; RECORD_HEADER];
+            self.seg.read(DATA + at, &mut header);
+            let tag = u64::from_le_bytes(header[..8].try_into().unwrap_or_default());
+            let len = u32::from_le_bytes(header[8..12].try_into().unwrap_or_default()) as usize;
+            let flags = u32::from_le_bytes(header[12..].try_into().unwrap_or_default());
+            let size = RECORD_HEADER + pad16(len);
+            let to_end = self.capacity - at;
+            let valid = match flags {
+                FLAG_SKIP => size == to_end,
+                0 | FLAG_LAST => size <= to_end,
+                _ => false,
+            };
+            if size as u64 > in_use || !valid {
+                return Err(format!(
+                    "bad record header at {}: length {len}, flags {flags:#x}, {in_use} bytes \
+                     published, {to_end} bytes to the end of the ring",
+                    self.head
+                ));
+            }
+            if flags == FLAG_SKIP {
+                self.head += size as u64;
+                self.freed = true;
+                continue;
+            }
+            return Ok(Some(Record {
+                tag,
+                last: flags == FLAG_LAST,
+                start: DATA + at + RECORD_HEADER,
+                len,
+                size,
+            }));
         }
-        let in_use = tail.wrapping_sub(self.head);
-        if in_use > self.capacity as u64
-            || in_use < RECORD_HEADER as u64
-            || !in_use.is_multiple_of(16)
-        {
-            return Err(format!(
-                "ring positions are inconsistent (tail {tail}, head {})",
-                self.head
-            ));
-        }
-        let mask = self.capacity - 1;
-        let at = self.head as usize & mask;
-        let mut header = [0u8; RECORD_HEADER];
-        self.seg.read(DATA + at, &mut header);
-        let tag = u64::from_le_bytes(header[..8].try_into().unwrap_or_default());
-        let len = u32::from_le_bytes(header[8..12].try_into().unwrap_or_default()) as usize;
-        let flags = u32::from_le_bytes(header[12..].try_into().unwrap_or_default());
-        let size = RECORD_HEADER + pad16(len);
-        if size as u64 > in_use || flags & !FLAG_LAST != 0 {
-            return Err(format!(
-                "bad record header at {}: length {len}, flags {flags:#x}, {in_use} bytes published",
-                self.head
-            ));
-        }
-        let start = (at + RECORD_HEADER) & mask;
-        let first = len.min(self.capacity - start);
-        let old = out.len();
-        out.resize(old + len, 0);
-        self.seg.read(DATA + start, &mut out[old..old + first]);
-        if first < len {
-            self.seg.read(DATA, &mut out[old + first..]);
-        }
-        self.head += size as u64;
+    }
+
+    /// The payload of `record` (from [`Consumer::peek`]), in place in the ring.
+    pub fn bytes(&self, record: &Record) -> &[u8] {
+        self.seg.slice(record.start, record.len)
+    }
+
+    /// Free `record` (the one [`Consumer::peek`] returned last).
+    pub fn consume(&mut self, record: &Record) {
+        self.head += record.size as u64;
         self.freed = true;
-        Ok(Some(Fragment {
-            tag,
-            last: flags & FLAG_LAST != 0,
-        }))
+    }
+
+    /// Bytes published and not yet consumed.
+    pub fn in_use(&self) -> usize {
+        self.seg
+            .atomic_u64(OFF_TAIL)
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.head) as usize
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether the producer waits for room.
+    pub fn producer_parked(&self) -> bool {
+        self.seg
+            .atomic_u32(OFF_PRODUCER_PARKED)
+            .load(Ordering::Relaxed)
+            != 0
     }
 
     /// Give the consumed space back. Returns whether the producer is parked (ring it).
@@ -339,13 +398,18 @@ impl Consumer {
             != 0
     }
 
-    /// Say we are about to sleep waiting for data; true when data arrived meanwhile.
-    pub fn park(&self) -> bool {
+    /// Say we are about to sleep waiting for data; true when data arrived since the last call
+    /// (records left in the ring because nobody asked for them yet do not count twice, so an
+    /// unclaimed message does not keep its receiver from sleeping).
+    pub fn park(&mut self) -> bool {
         self.seg
             .atomic_u32(OFF_CONSUMER_PARKED)
             .store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        self.has_data()
+        let tail = self.seg.atomic_u64(OFF_TAIL).load(Ordering::Acquire);
+        let new = tail != self.observed_tail && tail != self.head;
+        self.observed_tail = tail;
+        new
     }
 
     pub fn unpark(&self) {

@@ -139,6 +139,16 @@ impl Segment {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
     }
 
+    /// The `len` bytes at `offset`, borrowed in place.
+    pub fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        let p = self.at(offset, len, 1);
+        // SAFETY: the range is inside the mapping (checked by `at`), which outlives the borrow
+        // of `self`. The ring protocol guarantees the peer does not write the range while it is
+        // borrowed: it was published (release store, acquired by our load) and is handed back
+        // only after the borrow ends, by the consumer's release store of its head.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
     /// Copy `out.len()` bytes from the segment at `offset` into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         let p = self.at(offset, out.len(), 1);

@@ -4,8 +4,10 @@
 //! ```text
 //!   0     header, written once by the consumer (creator): magic (last), version, capacity,
 //!         ranks, the consumer's pid, the creator's proof of the communicator secret
-//!   128   producer's line: tail, producer_parked, attached, closed, pid, the producer's proof
-//!   256   consumer's line: head, consumer_parked, closed
+//!   128   producer's line: tail, attached, closed, pid, the producer's proof
+//!   256   consumer's line: head, closed
+//!   384   consumer_parked, alone on its line
+//!   512   producer_parked, alone on its line
 //!   4096  data: `capacity` bytes (a power of two) of records
 //! ```
 //!
@@ -16,7 +18,9 @@
 //! ever written and consumed: `tail - head` is in use. The producer writes records into free
 //! space and publishes them with a release store of `tail`; the consumer reads up to an acquire
 //! load of `tail` and frees the space with a release store of `head`. Each side writes only its
-//! own line, so the two never share a cache line they both write.
+//! own lines, so the two never share a cache line they both write; the `parked` flags, read
+//! after every publication but written only around a sleep, have lines of their own so that
+//! reading them does not miss each time the other side moves `tail` or `head`.
 //!
 //! Parking without lost wake-ups: a side about to sleep sets its `parked` flag, fences, and
 //! looks once more; the other side, after publishing, fences and rings the sleeper's doorbell if
@@ -44,14 +48,14 @@ const OFF_CONSUMER_PID: usize = 40;
 const OFF_CREATOR_PROOF: usize = 48;
 // Producer's line.
 const OFF_TAIL: usize = 128;
-const OFF_PRODUCER_PARKED: usize = 136;
+const OFF_PRODUCER_PARKED: usize = 512;
 const OFF_ATTACHED: usize = 140;
 const OFF_PRODUCER_CLOSED: usize = 144;
 const OFF_PRODUCER_PID: usize = 152;
 const OFF_PRODUCER_PROOF: usize = 160;
 // Consumer's line.
 const OFF_HEAD: usize = 256;
-const OFF_CONSUMER_PARKED: usize = 264;
+const OFF_CONSUMER_PARKED: usize = 384;
 const OFF_CONSUMER_CLOSED: usize = 268;
 
 fn pad16(n: usize) -> usize {

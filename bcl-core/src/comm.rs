@@ -12,7 +12,7 @@ use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
 use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
-use crate::schedule::{Algorithm, Collective, Layout, Plan, build_plan, select};
+use crate::schedule::{Algorithm, Collective, Fabric, Layout, Plan, build_plan, select};
 use crate::signature::Signature;
 use crate::topology::{LinkKind, RankInfo, ring_order};
 use crate::unique_id::UniqueId;
@@ -77,6 +77,8 @@ struct Shared {
     peers: Vec<RankInfo>,
     /// The transport of each link, by peer rank.
     links: Vec<Option<LinkKind>>,
+    /// What algorithm selection depends on, the same on every rank.
+    fabric: Fabric,
     engine: Mutex<Engine>,
     /// Device jobs enqueued and not yet finished.
     queued: Mutex<usize>,
@@ -309,6 +311,10 @@ impl Communicator {
             world,
             config,
             accelerator,
+            fabric: Fabric {
+                world,
+                all_shared_memory: links::all_shared_memory(&peers),
+            },
             peers,
             links,
             engine: Mutex::new(Engine {
@@ -903,7 +909,7 @@ fn run<'a>(
     let algorithm = shared
         .config
         .algorithm
-        .unwrap_or_else(|| select(collective, count * dtype.size(), shared.world));
+        .unwrap_or_else(|| select(collective, count * dtype.size(), shared.fabric));
     let key = PlanKey {
         collective,
         algorithm,

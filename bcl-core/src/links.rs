@@ -68,6 +68,14 @@ pub(crate) fn open(rank: usize, config: &CommConfig, secret: Secret) -> Result<E
     }
 }
 
+/// Whether every rank is on one host and published a shared-memory endpoint, so that every
+/// link is shm: a fact every rank derives alike from the same bootstrap data.
+pub(crate) fn all_shared_memory(peers: &[RankInfo]) -> bool {
+    peers
+        .iter()
+        .all(|p| p.host_id == peers[0].host_id && part_address(&p.address, "shm").is_some())
+}
+
 impl Endpoint {
     /// The address to publish at bootstrap.
     pub(crate) fn address(&self) -> &PeerAddress {

@@ -29,21 +29,30 @@ pub(crate) fn allreduce(
 ) {
     let (n, rank) = (layout.world(), layout.rank());
     let buf = Region::new(Output, 0, count);
-    if !in_place {
-        b.push(Action::Copy {
-            from: Region::new(Input, 0, count),
-            to: buf,
-        });
-    }
-    if count == 0 {
-        return;
-    }
     let p = if n.is_power_of_two() {
         n
     } else {
         n.next_power_of_two() / 2
     };
     let rem = n - p;
+    // Out of place, the input is never copied up front: a rank's first message goes out from
+    // the input, and its first reduction combines the input with what arrived, writing the
+    // output in one pass (`seed`). Only a single rank has nothing to combine and copies.
+    let input = Region::new(Input, 0, count);
+    let (mut from, mut seed) = if in_place {
+        (buf, None)
+    } else {
+        (input, Some(input))
+    };
+    if n == 1 && !in_place {
+        b.push(Action::Copy {
+            from: input,
+            to: buf,
+        });
+    }
+    if count == 0 {
+        return;
+    }
     let rounds = p.trailing_zeros();
     let final_tag = rounds + 1;
     // Active ranks are numbered 0..p; `real` maps that number back to a rank.
@@ -58,7 +67,7 @@ pub(crate) fn allreduce(
             b.push(Action::Send {
                 peer: rank + 1,
                 tag: 0,
-                from: buf,
+                from,
             });
         } else {
             b.push(Action::Recv {
@@ -66,8 +75,9 @@ pub(crate) fn allreduce(
                 tag: 0,
                 into: buf,
                 reduce: true,
-                seed: None,
+                seed: seed.take(),
             });
+            from = buf;
         }
     }
     let Some(me) = active else {
@@ -85,15 +95,16 @@ pub(crate) fn allreduce(
         b.push(Action::Send {
             peer: partner,
             tag: r + 1,
-            from: buf,
+            from,
         });
         b.push(Action::Recv {
             peer: partner,
             tag: r + 1,
             into: buf,
             reduce: true,
-            seed: None,
+            seed: seed.take(),
         });
+        from = buf;
     }
     if reduction.average {
         b.push(Action::Divide { region: buf });

@@ -148,11 +148,32 @@ impl std::str::FromStr for Algorithm {
 /// ARCHITECTURE.md for the measurements behind it).
 pub const DOUBLING_MAX_BYTES: usize = 64 << 10;
 
-/// The algorithm for `collective` over `bytes` per rank on `world` ranks. Pure, so that every
-/// rank picks the same.
-pub fn select(collective: Collective, bytes: usize, world: usize) -> Algorithm {
+/// The same limit when every link is shared memory: copies are cheap next to a step's
+/// latency there, so doubling's full-buffer exchanges win up to larger sizes (measured:
+/// 2 ranks 1 MiB rd 104 µs vs ring 128-393 µs; 4 ranks 256 KiB rd 224 vs ring 507-532,
+/// 1 MiB rd 1291-1349 vs ring 1191-1206).
+pub const DOUBLING_MAX_BYTES_SHM: usize = 512 << 10;
+/// Two ranks over shared memory: one exchange each way, up to 1 MiB.
+pub const DOUBLING_MAX_BYTES_SHM_PAIR: usize = 1 << 20;
+
+/// What the algorithm choice depends on besides the call: the same on every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fabric {
+    pub world: usize,
+    /// Every rank is on one host and every link is shared memory.
+    pub all_shared_memory: bool,
+}
+
+/// The algorithm for `collective` over `bytes` per rank. Pure, so that every rank picks the
+/// same.
+pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
+    let doubling_max = match (fabric.all_shared_memory, fabric.world) {
+        (false, _) => DOUBLING_MAX_BYTES,
+        (true, 2) => DOUBLING_MAX_BYTES_SHM_PAIR,
+        (true, _) => DOUBLING_MAX_BYTES_SHM,
+    };
     match collective {
-        Collective::AllReduce { .. } if world > 1 && bytes <= DOUBLING_MAX_BYTES => {
+        Collective::AllReduce { .. } if fabric.world > 1 && bytes <= doubling_max => {
             Algorithm::RecursiveDoubling
         }
         _ => Algorithm::Ring,

@@ -57,7 +57,17 @@ impl Segment {
         let mapped = {
             use std::os::fd::AsRawFd;
             // SAFETY: `fd` is a valid open descriptor.
-            check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) }).and_then(|_| map(&fd, len))
+            check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) })
+                .and_then(|_| {
+                    // Reserve the pages now: a tmpfs that runs out of room later would kill
+                    // the process with SIGBUS on first touch instead of returning an error.
+                    // SAFETY: `fd` is a valid open descriptor; the range is the file's size.
+                    match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, size) } {
+                        0 => Ok(()),
+                        code => Err(io::Error::from_raw_os_error(code)),
+                    }
+                })
+                .and_then(|_| map(&fd, len))
         };
         if mapped.is_err() {
             let _ = unlink(name);
@@ -168,7 +178,10 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<Segment> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
+            // Populated now: faulting the pages in one by one on first use cost ~1 µs per 4 KiB
+            // page on this VM (a 32 KiB allreduce took 35-60 µs instead of 6-10 until each ring
+            // had wrapped once).
+            libc::MAP_SHARED | libc::MAP_POPULATE,
             fd.as_raw_fd(),
             0,
         )
@@ -219,4 +232,15 @@ pub fn process_exists(pid: u32) -> bool {
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
+}
+
+/// Bytes free on the filesystem holding `path` (for `/dev/shm`: how much shared memory may still
+/// be created), if it can be told.
+pub fn free_bytes(path: &str) -> Option<u64> {
+    let c = c_name(path).ok()?;
+    // SAFETY: an all-zero `statvfs` is a valid value for statvfs to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs struct.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }

@@ -1,3 +1,4 @@
+use super::connect::ring_capacity;
 use super::ring::{self, Consumer, Identity, Producer};
 use super::*;
 
@@ -341,4 +342,19 @@ fn messages_handed_over_in_place_match_across_wraps_and_tags() {
             "tag {tag}"
         );
     }
+}
+
+#[test]
+fn rings_shrink_to_fit_a_small_dev_shm() {
+    let mib = |n: u64| n << 20;
+    // Plenty of room: the configured size.
+    assert_eq!(ring_capacity(4 << 20, 3, Some(mib(24 << 10))), 4 << 20);
+    assert_eq!(ring_capacity(4 << 20, 3, None), 4 << 20);
+    // Docker's 64 MiB with 8 ranks (7 peers, 56 rings on the host): 512 KiB rings.
+    let ring = ring_capacity(4 << 20, 7, Some(mib(64)));
+    assert_eq!(ring, 512 << 10);
+    assert!(56 * (ring as u64 + 4096) <= mib(64) / 2);
+    // Never below 64 KiB, always a power of two.
+    assert_eq!(ring_capacity(4 << 20, 7, Some(mib(1))), 64 << 10);
+    assert_eq!(ring_capacity(100_000, 1, Some(mib(1024))), 128 << 10);
 }

@@ -88,8 +88,8 @@ struct Shared {
     /// The per-operation timeout in milliseconds (`CommConfig::op_timeout`, or
     /// [`Communicator::set_timeout`]).
     op_timeout_ms: AtomicU64,
-    /// How long to poll before sleeping when nothing moves (see [`spin_window`]).
-    spin: Duration,
+    /// How to poll before sleeping when nothing moves (see [`polling`]).
+    spin: Polling,
 }
 
 /// A communicator: one rank's handle on a group of ranks.
@@ -300,7 +300,7 @@ impl Communicator {
         health
             .watch(peers.clone(), layout.ring().to_vec(), deadline)
             .map_err(|reason| Error::Bootstrap { rank, reason })?;
-        let spin = spin_window(
+        let spin = polling(
             config.spin,
             peers.iter().filter(|p| p.host_id == me.host_id).count(),
         );
@@ -855,21 +855,28 @@ fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
     }
 }
 
-/// How long the driver polls without sleeping once nothing moves, when this host has a core
-/// for each of its ranks. A reply that comes within this window is picked up without a wake-up
-/// from poll(2), and on this VM a sleeping core takes 0.1-4 ms to wake: with a 50 µs window, a
-/// 2-rank 64 B allreduce over shm averaged 3-30 µs from run to run, with 500 µs a steady
-/// 3-4 µs (`BCL_SPIN_US`). With more ranks than cores, spinning steals the core a peer needs,
-/// so the driver yields instead.
+/// How long the driver polls without sleeping once nothing moves. A reply that comes within
+/// this window is picked up without a wake-up from poll(2), and on this VM a sleeping core takes
+/// 0.1-4 ms to wake: with a 50 µs window, a 2-rank 64 B allreduce over shm averaged 3-30 µs from
+/// run to run, with 500 µs a steady 3-4 µs (`BCL_SPIN_US`).
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(500);
 
-/// The spin window for a rank whose host runs `local_ranks` ranks.
-fn spin_window(configured: Option<Duration>, local_ranks: usize) -> Duration {
+/// How a waiting rank polls before it sleeps.
+#[derive(Clone, Copy, Debug)]
+struct Polling {
+    /// How long.
+    window: Duration,
+    /// Yield the core between polls: this host runs more ranks than it has cores, and a busy
+    /// poll would steal the core from the very peer it waits for.
+    yielding: bool,
+}
+
+/// The polling of a rank whose host runs `local_ranks` ranks.
+fn polling(configured: Option<Duration>, local_ranks: usize) -> Polling {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match configured {
-        Some(spin) => spin,
-        None if local_ranks <= cores => SPIN_BEFORE_SLEEP,
-        None => Duration::ZERO,
+    Polling {
+        window: configured.unwrap_or(SPIN_BEFORE_SLEEP),
+        yielding: local_ranks > cores,
     }
 }
 
@@ -1018,7 +1025,7 @@ fn run<'a>(
                     }
                     health.investigate_stall(peers, signature);
                 }
-                if now - idle_since >= shared.spin && idle > 4 {
+                if now - idle_since >= shared.spin.window && idle > 4 {
                     if let Some(peer) = exec.lost_peer(transport.as_ref()) {
                         let lost = TransportError::PeerClosed {
                             peer,
@@ -1030,7 +1037,7 @@ fn run<'a>(
                     if let Err(e) = transport.wait(Duration::from_millis(2)) {
                         break Err(exec_error(shared, ExecError::Transport(e), signature));
                     }
-                } else if shared.spin.is_zero() {
+                } else if shared.spin.yielding {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();

@@ -73,8 +73,8 @@ pub struct CommConfig {
     pub algorithm: Option<Algorithm>,
     /// Heartbeats, hang detection, fault diagnosis and the flight recorder's dump.
     pub health: HealthConfig,
-    /// How long a rank waiting inside a collective polls before it sleeps. `None`: 500 µs
-    /// when this host has a core for each of its ranks, else none (it yields instead).
+    /// How long a rank waiting inside a collective polls before it sleeps (`None`: 500 µs). It
+    /// yields the core between polls when this host runs more ranks than it has cores.
     pub spin: Option<Duration>,
 }
 

@@ -33,7 +33,7 @@ pub(super) fn ring_capacity(wanted: usize, peers: usize, free: Option<u64>) -> u
     floor.clamp(SMALLEST, wanted)
 }
 
-/// Check a peer's address ("<pid>.<16 hex digits>") and return its pid.
+/// Check a peer's address ("PID.NONCE", the nonce 16 hex digits) and return its pid.
 fn parse_id(peer: usize, addr: &PeerAddress) -> Result<(String, u32), TransportError> {
     let bad = || TransportError::BadAddress {
         peer,

@@ -13,7 +13,7 @@
 //! "not now"); a message larger than the whole ring is cut into fragments, the part that does not
 //! fit yet kept in a pooled buffer until `progress` makes room. `progress` copies arrived records
 //! out of the rings into pooled buffers. Wake-ups: a side about to sleep sets its `parked` flag in
-//! the ring (see [`ring`]); the other side then rings its doorbell, a datagram to an abstract
+//! the ring (see `ring.rs`); the other side then rings its doorbell, a datagram to an abstract
 //! unix socket named after the endpoint, which `wait` sleeps on with `poll(2)` beside a pidfd per
 //! peer, so a peer's death wakes it too.
 
@@ -102,7 +102,7 @@ pub struct ShmTransport {
     config: ShmConfig,
     capabilities: Capabilities,
     address: PeerAddress,
-    /// "<pid>.<nonce>": names this endpoint's rings and doorbell.
+    /// "PID.NONCE": names this endpoint's rings and doorbell.
     id: String,
     doorbell: UnixDatagram,
     /// By rank; `None` for ranks this endpoint is not connected with.

@@ -42,3 +42,55 @@ pub fn readable_now(fd: RawFd) -> bool {
     let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
     rc > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
+
+/// Descriptors checked together without blocking; reused between calls so that checking
+/// allocates nothing.
+#[derive(Default)]
+pub struct ReadableSet {
+    fds: Vec<libc::pollfd>,
+}
+
+impl std::fmt::Debug for ReadableSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReadableSet({} fds)", self.fds.len())
+    }
+}
+
+impl ReadableSet {
+    pub fn clear(&mut self) {
+        self.fds.clear();
+    }
+
+    pub fn push(&mut self, fd: RawFd) {
+        self.fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+
+    /// One poll(2) with a zero timeout over every pushed descriptor.
+    pub fn check(&mut self) -> std::io::Result<()> {
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfd structs;
+        // poll(2) only writes their `revents` fields, and a zero timeout returns at once.
+        let rc = unsafe { libc::poll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, 0) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            for p in self.fds.iter_mut() {
+                p.revents = libc::POLLIN;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the `i`-th pushed descriptor has something to read (or an error or hang-up to
+    /// report) after the last [`ReadableSet::check`].
+    pub fn readable(&self, i: usize) -> bool {
+        self.fds
+            .get(i)
+            .is_none_or(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+    }
+}

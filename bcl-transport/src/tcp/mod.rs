@@ -97,6 +97,8 @@ pub struct TcpTransport {
     peers: HashMap<usize, Peer>,
     inbox: HashMap<(usize, Tag), VecDeque<Arrived>>,
     pool: Vec<Vec<u8>>,
+    /// Which sockets have something to read, checked once per progress round.
+    readable: crate::poll::ReadableSet,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -146,6 +148,7 @@ impl TcpTransport {
             peers: HashMap::new(),
             inbox: HashMap::new(),
             pool: Vec::new(),
+            readable: Default::default(),
         })
     }
 
@@ -417,8 +420,31 @@ impl Transport for TcpTransport {
 
     fn progress(&mut self) -> Result<bool, TransportError> {
         let mut moved = false;
+        // With several sockets, one zero-timeout poll(2) finds the readable ones: a read
+        // attempt on each would cost a system call per socket per round while waiting.
+        let open = self
+            .peers
+            .values()
+            .flat_map(|p| &p.conns)
+            .filter(|c| !c.closed);
+        let checked = open.clone().count() > 1;
+        if checked {
+            self.readable.clear();
+            for conn in open {
+                self.readable.push(conn.stream.as_raw_fd());
+            }
+            self.readable
+                .check()
+                .map_err(|source| TransportError::Setup {
+                    what: "poll(2) on the peer sockets".into(),
+                    source,
+                })?;
+        }
+        let mut index = 0;
         for (&peer, p) in self.peers.iter_mut() {
             for conn in p.conns.iter_mut().filter(|c| !c.closed) {
+                let readable = !checked || self.readable.readable(index);
+                index += 1;
                 if !conn.out.is_empty() {
                     let n = flush(conn, &mut self.pool).map_err(|source| TransportError::Io {
                         op: "send",
@@ -429,7 +455,7 @@ impl Transport for TcpTransport {
                     moved |= n > 0;
                 }
                 // Read what is there, bounded so one busy socket does not starve the others.
-                for _ in 0..64 {
+                for _ in 0..if readable { 64 } else { 0 } {
                     let want = conn.decoder.want();
                     match conn.stream.read(want) {
                         Ok(0) => {

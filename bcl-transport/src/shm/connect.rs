@@ -105,7 +105,7 @@ impl ShmTransport {
                         "creating shared-memory ring {name} ({} KiB) for rank {peer} ({} free \
                          in /dev/shm)",
                         (ring::DATA + capacity) >> 10,
-                        free.map_or("unknown".into(), |f| format!("{} MiB", f >> 20))
+                        free.map_or("unknown".into(), |f| format!("{} KiB", f >> 10))
                     ),
                     source,
                 }

@@ -12,6 +12,8 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 command -v nm >/dev/null 2>&1 || missing+=(binutils)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)   # network-namespace fault tests
 command -v kill >/dev/null 2>&1 || missing+=(procps)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)   # a small /dev/shm (bench test)
+command -v mount >/dev/null 2>&1 || missing+=(mount)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)   # bcl-bench under mpirun
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}"

@@ -101,7 +101,6 @@ pub fn tag_base(seq: u32, point_to_point: bool) -> u64 {
 pub struct Executor<'p> {
     plan: &'p Plan,
     waiting_for: Vec<usize>,
-    dependents: Vec<Vec<usize>>,
     ready: Vec<usize>,
     done: Vec<bool>,
     finished: usize,
@@ -129,15 +128,11 @@ pub struct Executor<'p> {
 impl<'p> Executor<'p> {
     pub fn new(plan: &'p Plan, world: usize) -> Self {
         let n = plan.steps.len();
-        let mut dependents = vec![Vec::new(); n];
         let mut waiting_for = vec![0; n];
         let mut signature_state = vec![0u8; world];
         let mut signature_peers = Vec::new();
         for (i, step) in plan.steps.iter().enumerate() {
             waiting_for[i] = step.deps.len();
-            for &d in &step.deps {
-                dependents[d].push(i);
-            }
             let (peer, tag, bit) = match step.action {
                 Action::Send { peer, tag, .. } => (peer, tag, SIGNATURE_TO_SEND),
                 Action::Recv { peer, tag, .. } => (peer, tag, SIGNATURE_AWAITED),
@@ -153,7 +148,6 @@ impl<'p> Executor<'p> {
         Executor {
             plan,
             waiting_for,
-            dependents,
             ready,
             done: vec![false; n],
             finished: 0,
@@ -248,8 +242,8 @@ impl<'p> Executor<'p> {
                 self.done[step] = true;
                 self.finished += 1;
                 moved = true;
-                for k in 0..self.dependents[step].len() {
-                    let d = self.dependents[step][k];
+                let plan = self.plan;
+                for &d in &plan.dependents[step] {
                     self.waiting_for[d] -= 1;
                     if self.waiting_for[d] == 0 {
                         self.ready.push(d);

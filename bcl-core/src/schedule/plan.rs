@@ -73,6 +73,9 @@ pub struct Step {
 pub struct Plan {
     pub steps: Vec<Step>,
     pub scratch_elems: usize,
+    /// For each step, the steps that wait for it (the reverse of `deps`), computed once per
+    /// plan so that running a cached plan does not rebuild it.
+    pub dependents: Vec<Vec<usize>>,
 }
 
 /// Builds a plan, adding the data-hazard dependencies itself: a step waits for every earlier
@@ -133,7 +136,14 @@ impl PlanBuilder {
         index
     }
 
-    pub fn finish(self) -> Plan {
+    pub fn finish(mut self) -> Plan {
+        let mut dependents = vec![Vec::new(); self.plan.steps.len()];
+        for (i, step) in self.plan.steps.iter().enumerate() {
+            for &d in &step.deps {
+                dependents[d].push(i);
+            }
+        }
+        self.plan.dependents = dependents;
         self.plan
     }
 }

@@ -43,7 +43,20 @@ fn banner(comm: &Communicator, args: &Args) {
             p.rank, p.pid, p.hostname, p.device, p.device.model
         );
     }
-    let _ = writeln!(out, "#  Ring order: {:?}\n#", comm.ring());
+    let _ = writeln!(out, "#  Ring order: {:?}", comm.ring());
+    let links: Vec<String> = (0..comm.world_size())
+        .filter_map(|p| comm.link(p).map(|l| format!("{p}={}", l.name())))
+        .collect();
+    let _ = writeln!(
+        out,
+        "#  Links of rank {}: {}\n#",
+        comm.rank(),
+        if links.is_empty() {
+            "none".to_string()
+        } else {
+            links.join(" ")
+        }
+    );
 }
 
 /// Let every rank's last measurement window reach rank 0's detector, then print its summary.

@@ -58,6 +58,11 @@ fn allreduce_on_four_mixed_processes_prints_nccl_tests_table() {
     );
     assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
     assert!(out.contains("# Avg bus bandwidth"), "{out}");
+    // Local processes under the default transport (auto) talk through shared memory.
+    assert!(
+        out.contains("#  Links of rank 0: 1=shm 2=shm 3=shm"),
+        "{out}"
+    );
     assert!(out.contains("device sim:"), "{out}");
     let rows = rows(&out);
     let sizes: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
@@ -162,6 +167,7 @@ fn tcp_between_threads_and_bus_bandwidth_factor() {
         "1",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("#  Links of rank 0: 1=tcp"), "{out}");
     let r = &rows(&out)[0];
     // allgather busbw = algbw × (n-1)/n = algbw / 2 for 2 ranks.
     let (alg, bus): (f64, f64) = (r[6].parse().expect("algbw"), r[7].parse().expect("busbw"));

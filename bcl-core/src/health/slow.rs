@@ -400,7 +400,8 @@ impl Detector {
 /// The per-link matrix and verdicts as text, for `bcl-bench --health`.
 pub fn render(summary: &Summary, world: usize) -> String {
     let mut out = String::from(
-        "# per-link bandwidth (GB/s, receiver's view of large messages; . = no data)\n#  from\\to",
+        "# per-link bandwidth (GB/s, receiver's view of large messages; . = no data, as on \
+         shared-memory links, which time no transfer)\n#  from\\to",
     );
     for to in 0..world {
         out += &format!(" {to:>7}");

@@ -10,9 +10,12 @@
 //! longer exists ([`reclaim_stale`]).
 //!
 //! Data path: `try_send` copies a message straight into the peer's ring when it fits (else answers
-//! "not now"); a message larger than the whole ring is cut into fragments, the part that does not
-//! fit yet kept in a pooled buffer until `progress` makes room. `progress` copies arrived records
-//! out of the rings into pooled buffers. Wake-ups: a side about to sleep sets its `parked` flag in
+//! "not now"); a message larger than half the ring is cut into fragments, the part that does not
+//! fit yet kept in a pooled buffer until `progress` makes room. Arrived records stay in the ring
+//! until the executor asks for them: `try_recv_with` hands a record to it in place (the reduction
+//! reads the ring directly), and only records passed over on the way to another tag, or drained
+//! because the ring is half full or its producer waits for room, are copied into pooled buffers.
+//! Wake-ups: a side about to sleep sets its `parked` flag in
 //! the ring (see `ring.rs`); the other side then rings its doorbell, a datagram to an abstract
 //! unix socket named after the endpoint, which `wait` sleeps on with `poll(2)` beside a pidfd per
 //! peer, so a peer's death wakes it too.
@@ -70,7 +73,7 @@ struct Pending {
 
 #[derive(Debug)]
 struct Peer {
-    /// "pid 4711, endpoint 4711.0a1b…": how errors name the link.
+    /// "shm endpoint 4711.0a1b…": how errors name the link.
     label: String,
     pid: u32,
     pidfd: Option<OwnedFd>,

@@ -125,7 +125,8 @@ fn ring_name(consumer_id: &str, producer: usize, consumer: usize) -> String {
 }
 
 impl ShmTransport {
-    /// A fresh endpoint: removes stale rings of dead processes, binds the doorbell.
+    /// A fresh endpoint: removes stale rings of dead processes, checks that shared memory can be
+    /// made, binds the doorbell.
     pub fn bind(config: ShmConfig) -> Result<Self, TransportError> {
         reclaim_stale();
         let mut nonce = [0u8; 8];
@@ -139,6 +140,13 @@ impl ShmTransport {
             let what = format!("{what} for shm endpoint {id}");
             move |source| TransportError::Setup { what, source }
         };
+        // Can this process make shared memory at all (no /dev/shm, a read-only one)? Asked now,
+        // so that `auto` can leave shm out before anything is published.
+        let probe = format!("/bcl.{id}.probe");
+        sys::Segment::create(&probe, 4096)
+            .map(drop)
+            .and_then(|_| sys::unlink(&probe))
+            .map_err(setup("creating a shared-memory segment in /dev/shm"))?;
         let name = SocketAddr::from_abstract_name(doorbell_name(&id).as_bytes())
             .map_err(setup("naming the doorbell socket"))?;
         let doorbell =

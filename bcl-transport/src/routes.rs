@@ -214,3 +214,38 @@ impl Transport for Routes {
         self.parts[self.index(peer)].peer_lost(peer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemFabric;
+
+    #[test]
+    fn the_published_address_lists_every_part_and_routes_pick_by_name() {
+        let fabric = MemFabric::new(2);
+        let mut routes = Routes::new(vec![Box::new(fabric.endpoint(0))]).expect("routes");
+        let text = String::from_utf8(routes.address().as_bytes().to_vec()).expect("text");
+        assert!(text.starts_with("mem="), "{text}");
+        assert_eq!(
+            routes.route_of(1),
+            "mem",
+            "unrouted peers use the first part"
+        );
+        let e = routes.set_route(1, "shm").expect_err("no shm part");
+        assert!(e.contains("no shm transport"), "{e}");
+        let both = PeerAddress::new(b"tcp=10.0.0.1:4000;shm=4711.0123456789abcdef".to_vec())
+            .expect("address");
+        assert_eq!(
+            part_address(&both, "shm").map(|a| a.as_bytes().to_vec()),
+            Some(b"4711.0123456789abcdef".to_vec())
+        );
+        assert_eq!(
+            part_address(&both, "tcp").map(|a| a.as_bytes().to_vec()),
+            Some(b"10.0.0.1:4000".to_vec())
+        );
+        assert_eq!(part_address(&both, "rdma"), None);
+        let garbage = PeerAddress::new(vec![0xff, b'=', 1]).expect("address");
+        assert_eq!(part_address(&garbage, "tcp"), None);
+        assert!(Routes::new(Vec::new()).is_err());
+    }
+}

@@ -105,6 +105,60 @@ pub enum DeviceError {
     /// The device specification text could not be parsed.
     #[error("bad device spec '{spec}': {reason}")]
     BadSpec { spec: String, reason: String },
+    /// Device work the caller enqueued did not finish in time.
+    #[error("{device}: {what}")]
+    Stalled { device: String, what: String },
+    /// The vendor's driver refused a call.
+    #[error("{device}: {call} failed: {reason}")]
+    Driver {
+        device: String,
+        call: &'static str,
+        reason: String,
+    },
+}
+
+/// A wait enqueued on a stream by [`Accelerator::hold_stream`]: the stream's later work runs
+/// only once the hold is released. Dropping the hold releases it, so an operation that fails
+/// or panics never leaves the caller's stream waiting for ever.
+pub struct StreamHold {
+    release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl fmt::Debug for StreamHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamHold")
+            .field("held", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl StreamHold {
+    /// A hold with nothing to release (backends whose streams never run ahead of the host).
+    pub fn none() -> Self {
+        StreamHold { release: None }
+    }
+
+    /// A hold that runs `release` once, when released or dropped.
+    pub fn new(release: impl FnOnce() + Send + 'static) -> Self {
+        StreamHold {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Let the stream go on.
+    pub fn release(mut self) {
+        if let Some(r) = self.release.take() {
+            r();
+        }
+    }
+}
+
+impl Drop for StreamHold {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            r();
+        }
+    }
 }
 
 static NEXT_DEVICE_UID: AtomicU64 = AtomicU64::new(1);
@@ -283,4 +337,13 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
 
     /// Block until all work on `stream` is done.
     fn synchronize(&self, stream: &Stream) -> Result<(), DeviceError>;
+
+    /// Enqueue on `stream` a wait that holds the stream's later work until the returned hold
+    /// is released, without blocking the calling thread: how a collective enqueued on a
+    /// caller's stream makes that stream wait for its completion. Backends that finish every
+    /// operation before returning have nothing to hold.
+    fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
+        self.synchronize(stream)?;
+        Ok(StreamHold::none())
+    }
 }

@@ -7,7 +7,8 @@
 //! * `avg` is `sum` followed by one division by the number of ranks at the end (integers:
 //!   truncating division of the wrapped sum).
 //!
-//! Tolerance: every backend reproduces the cpu kernels bit for bit, so two runs that reduce
+//! Tolerance: every backend reproduces the cpu kernels bit for bit (a NaN result is a NaN
+//! everywhere, but its payload bits may differ: GPUs make canonical NaNs), so two runs that reduce
 //! in the same order agree exactly. Rings of different order (a mixed-vendor ring groups
 //! vendors) agree exactly for integer types; for floating types each result is within
 //! `(n-1)·u·Σ|x|` of the exact sum (u: unit roundoff, 2^-24 fp32, 2^-53 fp64, 2^-11 fp16,

@@ -6,7 +6,7 @@
 //!        ▼
 //!   dyn Accelerator ──► cpu  (host memory, reference kernels)
 //!                   └─► sim  (a second "vendor": arena memory behind handles, paced copies)
-//!                   └─► cuda (later: cudarc, NVRTC kernels)
+//!                   └─► cuda (feature `cuda`: cudarc, NVRTC kernels, pinned staging)
 //! ```
 //!
 //! [`DataType`] and [`ReduceOp`] fix the element types and operations; [`kernels`] holds the
@@ -15,6 +15,8 @@
 pub mod accelerator;
 mod arena;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod host;
 pub mod kernels;
@@ -23,7 +25,7 @@ pub mod spec;
 
 pub use accelerator::{
     Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
-    Stream, Vendor,
+    Stream, StreamHold, Vendor,
 };
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};

@@ -1,4 +1,5 @@
-//! Device specifications as users write them: `cpu`, `sim`, `sim:copy=8:reduce=4` (GB/s).
+//! Device specifications as users write them: `cpu`, `sim`, `sim:copy=8:reduce=4` (GB/s),
+//! `cuda:N` (the N-th CUDA device of the host; `cuda` alone is `cuda:0`).
 
 use crate::accelerator::{Accelerator, DeviceError};
 use crate::cpu::CpuDevice;
@@ -12,6 +13,9 @@ use std::sync::Arc;
 pub enum DeviceSpec {
     Cpu,
     Sim(SimConfig),
+    /// A CUDA device by its ordinal. Parsed in every build; opened only by builds with the
+    /// `cuda` feature (others answer "unavailable").
+    Cuda(u32),
 }
 
 impl FromStr for DeviceSpec {
@@ -50,10 +54,21 @@ impl FromStr for DeviceSpec {
                 }
                 Ok(DeviceSpec::Sim(config))
             }
-            "cuda" => Err(DeviceError::Unavailable(format!(
-                "'{text}': this build has no cuda backend"
-            ))),
-            other => Err(bad(format!("unknown backend '{other}' (cpu, sim)"))),
+            "cuda" => {
+                let ordinal = match parts.next() {
+                    None => 0,
+                    Some(n) => n.parse().map_err(|_| {
+                        bad(format!(
+                            "'{n}' is not a device number (cuda:0, cuda:1, ...)"
+                        ))
+                    })?,
+                };
+                match parts.next() {
+                    None => Ok(DeviceSpec::Cuda(ordinal)),
+                    Some(p) => Err(bad(format!("cuda takes a device number only, got '{p}'"))),
+                }
+            }
+            other => Err(bad(format!("unknown backend '{other}' (cpu, sim, cuda)"))),
         }
     }
 }
@@ -72,16 +87,32 @@ impl fmt::Display for DeviceSpec {
                 }
                 Ok(())
             }
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
 }
 
-/// Open the device a spec names; `index` is the device's index among its vendor's.
-pub fn open_device(spec: &DeviceSpec, index: u32) -> Arc<dyn Accelerator> {
+/// Open the device a spec names; `index` is the device's index among its vendor's (a cuda
+/// spec names its own). Fails, never panics, where the backend cannot run here: a build
+/// without the `cuda` feature, no CUDA driver, no such device.
+pub fn open_device(spec: &DeviceSpec, index: u32) -> Result<Arc<dyn Accelerator>, DeviceError> {
     match spec {
-        DeviceSpec::Cpu => Arc::new(CpuDevice::new(index)),
-        DeviceSpec::Sim(config) => Arc::new(SimDevice::new(index, *config)),
+        DeviceSpec::Cpu => Ok(Arc::new(CpuDevice::new(index))),
+        DeviceSpec::Sim(config) => Ok(Arc::new(SimDevice::new(index, *config))),
+        DeviceSpec::Cuda(ordinal) => open_cuda(*ordinal),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: u32) -> Result<Arc<dyn Accelerator>, DeviceError> {
+    Ok(Arc::new(crate::cuda::CudaDevice::open(ordinal)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(ordinal: u32) -> Result<Arc<dyn Accelerator>, DeviceError> {
+    Err(DeviceError::Unavailable(format!(
+        "cuda:{ordinal}: this build of BCL has no cuda backend (build with `--features cuda`)"
+    )))
 }
 
 #[cfg(test)]
@@ -111,9 +142,31 @@ mod tests {
             "sim:copy=-1",
             "sim:speed=3",
             "cpu:x=1",
-            "cuda:0",
+            "cuda:x",
+            "cuda:0:1",
         ] {
             assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+        assert_eq!("cuda".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cuda(0)));
+        assert_eq!(
+            "cuda:3".parse::<DeviceSpec>().map(|s| s.to_string()).ok(),
+            Some("cuda:3".to_string())
+        );
+    }
+
+    /// Opening a cuda device fails with an error that says why, never a panic: a build
+    /// without the feature says so; a build with it on a host without a driver names the
+    /// missing library; a host with a GPU has no 10000th device.
+    #[test]
+    fn cuda_that_cannot_open_is_an_error() {
+        let Err(e) = open_device(&DeviceSpec::Cuda(9999), 0) else {
+            panic!("cuda:9999 opened");
+        };
+        let text = e.to_string();
+        assert!(matches!(e, DeviceError::Unavailable(_)), "{text}");
+        assert!(text.contains("cuda:9999"), "{text}");
+        if cfg!(not(feature = "cuda")) {
+            assert!(text.contains("--features cuda"), "{text}");
         }
     }
 }

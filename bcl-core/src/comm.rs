@@ -18,7 +18,9 @@ use crate::topology::{LinkKind, RankInfo, ring_order};
 use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
 use bcl_backends::host::{host_identity, hostname};
-use bcl_backends::{Accelerator, DataType, DeviceBuffer, Element, ReduceOp, open_device};
+use bcl_backends::{
+    Accelerator, DataType, DeviceBuffer, Element, Event, ReduceOp, Stream, StreamHold, open_device,
+};
 use bcl_transport::mem::MemFabric;
 use bcl_transport::store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServer};
 use bcl_transport::{Secret, Transport, TransportError};
@@ -37,6 +39,11 @@ struct DeviceJob {
     input: Option<DeviceBuffer>,
     output: Option<DeviceBuffer>,
     work: Arc<WorkState>,
+    /// Marks the end of the work the caller enqueued on its stream before this job: the job
+    /// starts once the device has reached it.
+    after: Option<Event>,
+    /// Holds the caller's stream until the job is done (released when dropped).
+    hold: Option<StreamHold>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -269,7 +276,12 @@ impl Communicator {
         check_rank(rank, world)?;
         let started = Instant::now();
         let deadline = started + config.init_timeout;
-        let accelerator = open_device(&config.device, config.device_index);
+        let accelerator =
+            open_device(&config.device, config.device_index).map_err(|source| Error::Device {
+                rank,
+                device: config.device.to_string(),
+                source,
+            })?;
         let endpoint = links::open(rank, &config, secret)?;
         let health =
             Health::start(rank, secret, config.bind_ip, config.health.clone()).map_err(|e| {
@@ -614,6 +626,36 @@ impl Communicator {
         input: Option<&DeviceBuffer>,
         output: Option<&DeviceBuffer>,
     ) -> Result<Work> {
+        self.enqueue(collective, count, dtype, input, output, None)
+    }
+
+    /// Enqueue `collective` on a stream of this rank's device, as NCCL does: it starts after
+    /// the work already enqueued on `stream`, and the stream's later work waits for it, while
+    /// this call returns at once. The returned [`Work`] says when it is done (and its error).
+    /// On the cuda backend the stream waits on the GPU (a stream memory operation on a
+    /// host-mapped flag that the progress thread sets); the cpu and sim backends finish their
+    /// streams' work as it is enqueued, so nothing waits there.
+    pub fn submit_on(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&DeviceBuffer>,
+        output: Option<&DeviceBuffer>,
+        stream: &Stream,
+    ) -> Result<Work> {
+        self.enqueue(collective, count, dtype, input, output, Some(stream))
+    }
+
+    fn enqueue(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&DeviceBuffer>,
+        output: Option<&DeviceBuffer>,
+        stream: Option<&Stream>,
+    ) -> Result<Work> {
         self.check_usable()?;
         let in_place = input.is_none();
         let need = self.validate(collective, count, dtype, in_place)?;
@@ -624,6 +666,20 @@ impl Communicator {
             need.1,
             Fit::AtLeast,
         )?;
+        let (after, hold) = match stream {
+            None => (None, None),
+            Some(stream) => {
+                let acc = &self.shared.accelerator;
+                let device_error = |source| Error::Device {
+                    rank: self.rank(),
+                    device: acc.info().to_string(),
+                    source,
+                };
+                let after = acc.record_event(stream).map_err(device_error)?;
+                let hold = acc.hold_stream(stream).map_err(device_error)?;
+                (Some(after), Some(hold))
+            }
+        };
         let work = Arc::new(WorkState::default());
         let job = DeviceJob {
             collective,
@@ -632,6 +688,8 @@ impl Communicator {
             input: input.cloned(),
             output: output.cloned(),
             work: work.clone(),
+            after,
+            hold,
         };
         *self.shared.queued.lock() += 1;
         let sent = self.jobs.as_ref().map(|j| j.send(job));
@@ -819,6 +877,34 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
+/// Wait (polling, bounded by the operation timeout) until the device has reached `event`:
+/// the caller's earlier work on its stream.
+fn wait_for_stream(shared: &Shared, event: &Event) -> Result<()> {
+    let acc = &shared.accelerator;
+    let device_error = |source| Error::Device {
+        rank: shared.rank,
+        device: acc.info().to_string(),
+        source,
+    };
+    let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(1);
+    while !acc.event_complete(event).map_err(device_error)? {
+        if started.elapsed() > timeout {
+            return Err(device_error(bcl_backends::DeviceError::Stalled {
+                device: acc.info().to_string(),
+                what: format!(
+                    "the work enqueued on the caller's stream before this collective did not \
+                     finish within {timeout:?}"
+                ),
+            }));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
 fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
     while let Ok(job) = jobs.recv() {
         let poisoned = shared
@@ -828,24 +914,40 @@ fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
             .or_else(|| shared.health.verdict().map(|v| v.line));
         let result = match poisoned {
             Some(first) => Err(Error::Poisoned(first)),
-            None => {
-                let bindings = Bindings {
-                    input: job.input.as_ref().map(Memory::Device),
-                    output: job.output.as_ref().map(Memory::Device),
-                    scratch: None,
-                };
-                let mut engine = shared.engine.lock();
-                run(
-                    &shared,
-                    &mut engine,
-                    job.collective,
-                    job.count,
-                    job.dtype,
-                    bindings,
-                    true,
-                )
-            }
+            None => job
+                .after
+                .as_ref()
+                .map_or(Ok(()), |e| wait_for_stream(&shared, e))
+                .and_then(|()| {
+                    let bindings = Bindings {
+                        input: job.input.as_ref().map(Memory::Device),
+                        output: job.output.as_ref().map(Memory::Device),
+                        scratch: None,
+                    };
+                    let mut engine = shared.engine.lock();
+                    run(
+                        &shared,
+                        &mut engine,
+                        job.collective,
+                        job.count,
+                        job.dtype,
+                        bindings,
+                        true,
+                    )
+                })
+                .and_then(|()| {
+                    // The last steps may still run on the device: done means done there.
+                    let acc = &shared.accelerator;
+                    acc.synchronize(&acc.default_stream())
+                        .map_err(|source| Error::Device {
+                            rank: shared.rank,
+                            device: acc.info().to_string(),
+                            source,
+                        })
+                }),
         };
+        // Let the caller's stream go on (also after an error: it must never wait for ever).
+        drop(job.hold);
         job.work.complete(result);
         let mut q = shared.queued.lock();
         *q -= 1;

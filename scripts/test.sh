@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need on a fresh machine (as root:
-# Debian packages; numpy from PyPI for the C ABI's Python client test), then runs every test
-# of the workspace and the C example built through `make install` + pkg-config.
+# Debian packages; numpy from PyPI for the C ABI's Python client test; NVRTC from PyPI for
+# the cuda backend's kernel compile test), then runs every test of the workspace, the cuda
+# backend's tests that need no GPU, and the C example built through `make install` + pkg-config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,8 +20,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}"
 fi
 python3 -c 'import numpy' 2>/dev/null || python3 -m pip install --quiet numpy
+# NVRTC, from NVIDIA's PyPI wheel (no GPU or toolkit needed): the cuda backend's kernels
+# compile through it in the feature-cuda tests below.
+nvrtc_lib=/opt/bcl-nvrtc/nvidia/cu13/lib
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+  wheel=('nvidia-cuda-nvrtc>=13.0,<13.1')
+  python3 -m pip install --quiet --no-deps --target /opt/bcl-nvrtc "${wheel[@]}" ||
+    python3 -m pip install --quiet --no-deps --break-system-packages --target /opt/bcl-nvrtc "${wheel[@]}"
+fi
 
 # Every test bounds its own waits; this outer limit only guards against the unforeseen.
 timeout 1800 cargo test --workspace --release --locked
+echo "== cuda backend, no GPU here: kernels compile through NVRTC; opening cuda:N is an error"
+echo "   (its GPU tests are ignored here: scripts/device-check.sh runs them on a GPU machine)"
+LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+  timeout 900 cargo test --release --locked --features cuda -p bcl-backends -p bcl-tests \
+  --test cuda --test backends_agree --test cuda_ring --lib
 echo "== C example (make install + pkg-config, 4 processes)"
 bash scripts/c-example.sh 4

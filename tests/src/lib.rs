@@ -29,6 +29,9 @@ pub enum Setup {
     ShmCpu,
     /// Shared-memory rings, odd ranks on the simulated vendor, even on cpu.
     ShmMixed,
+    /// Shared-memory rings, the first `gpu_ranks` ranks on CUDA device 0 (sharing it), the
+    /// others on cpu. Needs a GPU and a build with the `cuda` feature.
+    ShmCuda { gpu_ranks: usize },
 }
 
 impl Setup {
@@ -40,15 +43,17 @@ impl Setup {
 /// A config with bounded timeouts, so a broken case fails instead of hanging.
 pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
     CommConfig {
-        device: if setup.mixed() && rank % 2 == 1 {
-            "sim".parse::<DeviceSpec>().unwrap_or(DeviceSpec::Cpu)
-        } else {
-            DeviceSpec::Cpu
+        device: match setup {
+            Setup::ShmCuda { gpu_ranks } if rank < gpu_ranks => DeviceSpec::Cuda(0),
+            _ if setup.mixed() && rank % 2 == 1 => {
+                "sim".parse::<DeviceSpec>().unwrap_or(DeviceSpec::Cpu)
+            }
+            _ => DeviceSpec::Cpu,
         },
         transport: match setup {
             Setup::MemCpu => TransportKind::Auto,
             Setup::TcpCpu | Setup::TcpMixed => TransportKind::Tcp,
-            Setup::ShmCpu | Setup::ShmMixed => TransportKind::Shm,
+            Setup::ShmCpu | Setup::ShmMixed | Setup::ShmCuda { .. } => TransportKind::Shm,
         },
         init_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_secs(30),

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU checks of the cuda backend, as one run on a machine with an NVIDIA GPU:
+#   1. the backend's tests: every kernel (dtype x op) against the cpu reference, staging
+#      copies, streams, events, bad handles, stream holds;
+#   2. the backend conformance tests with cuda:0 among the backends;
+#   3. mixed rings: the conformance suite with 1 CUDA rank + 3 cpu ranks and with 2 CUDA ranks
+#      sharing the GPU + 2 cpu ranks, and a collective ordered on a caller's stream;
+#   4. bandwidths: device copy, the reduce kernel, staged host copies;
+#   5. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu.
+# Usage: scripts/device-check.sh [DIR]
+#   Where cargo exists and no DIR is given, it first builds with `--features cuda`
+#   (scripts/device-prebuild.sh); otherwise it runs the binaries prebuilt into DIR
+#   (default .device-bin). Logs and JSON go to $OUT (default /tmp/bcl-device-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/bcl-device-check}
+mkdir -p "$out"
+exec > >(tee "$out/device-check.log") 2>&1
+bins=${1:-.device-bin}
+if [ -z "${1:-}" ] && command -v cargo >/dev/null 2>&1; then
+  bash scripts/device-prebuild.sh "$bins" || exit 2
+fi
+for f in cuda backends_agree cuda_ring bcl-bench cuda_bandwidth; do
+  [ -x "$bins/$f" ] || { echo "missing $bins/$f: run scripts/device-prebuild.sh"; exit 2; }
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || exit 2
+nproc; free -g | head -2
+# The driver library is on the loader path; NVRTC may be in a CUDA toolkit or a pip wheel.
+if ! ldconfig -p | grep -q 'libnvrtc.so.13'; then
+  lib=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.13' 2>/dev/null | head -1)
+  [ -n "$lib" ] || { echo "no libnvrtc.so.13 on this machine"; exit 2; }
+  export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "NVRTC: $lib"
+fi
+status=0
+step() {
+  echo; echo "== $*"
+  local t0=$SECONDS
+  "$@" || { echo "FAILED ($?): $*"; status=1; }
+  echo "-- $((SECONDS - t0)) s"
+}
+export BCL_TEST_CUDA=1 RUST_BACKTRACE=1
+step timeout 150 "$bins/cuda" --include-ignored --test-threads=1
+step timeout 120 "$bins/backends_agree" --test-threads=1
+step timeout 200 "$bins/cuda_ring" --include-ignored --test-threads=1
+step timeout 120 "$bins/cuda_bandwidth" 0 1024 20
+for devices in cpu cuda:0,cpu,cpu,cpu cuda:0,cuda:0,cpu,cpu; do
+  step timeout 100 "$bins/bcl-bench" allreduce --nranks 4 --devices "$devices" \
+    -b 8 -e 256M -f 4 -n 10 -w 3 --json "$out/allreduce-${devices//[:,]/_}.json"
+done
+echo; [ $status -eq 0 ] && echo "device-check: all passed" || echo "device-check: FAILURES above"
+exit $status

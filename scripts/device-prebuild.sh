@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds (release, `--features cuda`) what scripts/device-check.sh runs on a GPU machine and
+# copies it, without debug info, into DIR (default .device-bin, ignored by git): the cuda
+# backend's tests, the backend conformance tests, the mixed-ring tests, bcl-bench and the
+# cuda_bandwidth example. The lent GPU machines have no Rust toolchain: build here, carry DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-.device-bin}
+mkdir -p "$dir"
+json=$(mktemp)
+cargo test --release --locked --features cuda -p bcl-backends -p bcl-tests --no-run \
+  --message-format=json >"$json"
+cargo build --release --locked --features cuda -p bcl-bench -p bcl-backends --bins --examples \
+  --message-format=json >>"$json"
+python3 - "$json" "$dir" <<'PY'
+import json, shutil, subprocess, sys
+wanted = {"cuda", "backends_agree", "cuda_ring", "bcl-bench", "cuda_bandwidth"}
+found = {}
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        name = m["target"]["name"]
+        if name in wanted:
+            found[name] = m["executable"]
+missing = wanted - found.keys()
+if missing:
+    sys.exit(f"device-prebuild: not built: {sorted(missing)}")
+for name, path in found.items():
+    dst = f"{sys.argv[2]}/{name}"
+    shutil.copyfile(path, dst)
+    subprocess.run(["strip", "--strip-debug", dst], check=True)
+    shutil.copymode(path, dst)
+    print(f"{dst}  <- {path}")
+PY
+rm -f "$json"
+du -sh "$dir"

@@ -9,10 +9,14 @@
  *    a destroyed or invented handle gives bclInvalidArgument, not a crash.
  *  - On failure, bclGetLastError() returns a message naming the cause (rank, host, device,
  *    link and operation where they apply), valid until the next failing call on the thread.
- *  - Streams: with the cpu and sim backends, `stream` must be NULL and every call completes
- *    before it returns. With the CUDA backend (to come), a device stream will order the call
- *    after the work already on that stream and make the stream wait for it, without blocking
- *    the calling thread, as in NCCL.
+ *  - Streams and buffers: with the cpu and sim backends, buffers are host memory, `stream`
+ *    must be NULL and every call completes before it returns. With the cuda backend
+ *    (config.device or BCL_DEVICE "cuda:N", a libbcl built with the `cuda` feature), buffers
+ *    are device pointers of that GPU (checked: a host pointer is bclInvalidArgument) and
+ *    `stream` a cudaStream_t (NULL: the legacy default stream): a collective or barrier
+ *    starts after the work already on the stream and, unlike NCCL, returns once it is done
+ *    (so the stream's later work follows it; the calling thread waits meanwhile).
+ *    bclSend/bclRecv of GPU memory are not implemented yet (bclInvalidArgument says so).
  *  - Thread safety: different communicators may be used from different threads at once;
  *    calls on one communicator from several threads run one after another, in lock order.
  *  - Errors of kind bclLinkError, bclMismatch, bclTimeout, bclDeviceError and
@@ -21,7 +25,7 @@
  *  - What the codes mean for every collective and send/recv below: bclInvalidArgument: a NULL
  *    or dead comm, a NULL buffer with a non-zero count, a count whose byte size overflows,
  *    a datatype/op/root/peer out of range, overlapping buffers that are not in place, a
- *    non-NULL stream (nothing was sent or written); bclMismatch: a peer's message has another
+ *    non-NULL stream on a cpu or sim communicator (nothing was sent or written); bclMismatch: a peer's message has another
  *    size (ranks passed different counts or datatypes); bclLinkError: a peer's connection
  *    broke (the message names it); bclTimeout: no progress within the operation timeout (the
  *    message names the ranks waited for); bclPoisoned: an earlier failure broke the
@@ -105,7 +109,7 @@ typedef struct {
   size_t size;                /* sizeof(bclConfig_t) */
   unsigned int magic;         /* BCL_CONFIG_MAGIC */
   unsigned int version;       /* BCL_VERSION_CODE */
-  const char* device;         /* "cpu" (default), "sim", "sim:copy=GBPS:reduce=GBPS" */
+  const char* device;         /* "cpu" (default), "sim", "sim:copy=GBPS:reduce=GBPS", "cuda:N" */
   const char* transport;      /* "auto" (default: shared memory to ranks on this host, tcp to
                                  the others), "tcp" or "shm" (every rank on this host) */
   int socketsPerPeer;         /* TCP connections per peer; 0: default (2) */

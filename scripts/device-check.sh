@@ -6,7 +6,10 @@
 #   3. mixed rings: the conformance suite with 1 CUDA rank + 3 cpu ranks and with 2 CUDA ranks
 #      sharing the GPU + 2 cpu ranks, and a collective ordered on a caller's stream;
 #   4. bandwidths: device copy, the reduce kernel, staged host copies;
-#   5. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu.
+#   5. the C ABI on GPU ranks: bcl-ffi/tests/cuda/streams.cu built with nvcc against libbcl,
+#      2 CUDA ranks + 2 cpu ranks as processes (device pointers, cudaStream_t ordering);
+#   6. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu; 2 cpu ranks,
+#      1 CUDA + 1 cpu.
 # Usage: scripts/device-check.sh [DIR]
 #   Where cargo exists and no DIR is given, it first builds with `--features cuda`
 #   (scripts/device-prebuild.sh); otherwise it runs the binaries prebuilt into DIR
@@ -20,8 +23,8 @@ bins=${1:-.device-bin}
 if [ -z "${1:-}" ] && command -v cargo >/dev/null 2>&1; then
   bash scripts/device-prebuild.sh "$bins" || exit 2
 fi
-for f in cuda backends_agree cuda_ring bcl-bench cuda_bandwidth; do
-  [ -x "$bins/$f" ] || { echo "missing $bins/$f: run scripts/device-prebuild.sh"; exit 2; }
+for f in cuda backends_agree cuda_ring bcl-bench cuda_bandwidth libbcl.so; do
+  [ -e "$bins/$f" ] || { echo "missing $bins/$f: run scripts/device-prebuild.sh"; exit 2; }
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || exit 2
 nproc; free -g | head -2
@@ -44,9 +47,29 @@ step timeout 150 "$bins/cuda" --include-ignored --test-threads=1
 step timeout 120 "$bins/backends_agree" --test-threads=1
 step timeout 200 "$bins/cuda_ring" --include-ignored --test-threads=1
 step timeout 120 "$bins/cuda_bandwidth" 0 1024 20
-for devices in cpu cuda:0,cpu,cpu,cpu cuda:0,cuda:0,cpu,cpu; do
-  step timeout 100 "$bins/bcl-bench" allreduce --nranks 4 --devices "$devices" \
-    -b 8 -e 256M -f 4 -n 10 -w 3 --json "$out/allreduce-${devices//[:,]/_}.json"
+c_abi_ranks() {
+  local exe=$1 id pids=() rank status=0
+  id=$(python3 -c 'import secrets, socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(f"bcl://127.0.0.1:{s.getsockname()[1]}/{secrets.token_hex(16)}")')
+  for rank in 0 1 2 3; do
+    device=cpu; [ $rank -lt 2 ] && device=cuda:0
+    BCL_RANK=$rank BCL_WORLD_SIZE=4 BCL_UNIQUE_ID=$id BCL_DEVICE=$device BCL_INIT_TIMEOUT_S=30 \
+      BCL_TIMEOUT_S=30 LD_LIBRARY_PATH=$bins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 90 "$exe" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  return $status
+}
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -n "$nvcc" ]; then
+  step "$nvcc" -O2 -Iinclude bcl-ffi/tests/cuda/streams.cu -L"$bins" -lbcl -o /tmp/bcl-c-abi-streams
+  step c_abi_ranks /tmp/bcl-c-abi-streams
+else
+  echo "FAILED: no nvcc on this machine: the C ABI's CUDA test did not run"; status=1
+fi
+for sweep in 4:cpu 4:cuda:0,cpu,cpu,cpu 4:cuda:0,cuda:0,cpu,cpu 2:cpu 2:cuda:0,cpu; do
+  n=${sweep%%:*} devices=${sweep#*:}
+  step timeout 100 "$bins/bcl-bench" allreduce --nranks "$n" --devices "$devices" \
+    -b 8 -e 256M -f 4 -n 10 -w 3 --json "$out/allreduce-$n-${devices//[:,]/_}.json"
 done
 echo; [ $status -eq 0 ] && echo "device-check: all passed" || echo "device-check: FAILURES above"
 exit $status

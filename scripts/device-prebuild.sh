@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds (release, `--features cuda`) what scripts/device-check.sh runs on a GPU machine and
 # copies it, without debug info, into DIR (default .device-bin, ignored by git): the cuda
-# backend's tests, the backend conformance tests, the mixed-ring tests, bcl-bench and the
-# cuda_bandwidth example. The lent GPU machines have no Rust toolchain: build here, carry DIR.
+# backend's tests, the backend conformance tests, the mixed-ring tests, bcl-bench, the
+# cuda_bandwidth example and libbcl.so (for the C ABI's CUDA test, which nvcc builds there). The lent GPU machines have no Rust toolchain: build here, carry DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.device-bin}
@@ -12,19 +12,23 @@ cargo test --release --locked --features cuda -p bcl-backends -p bcl-tests --no-
   --message-format=json >"$json"
 cargo build --release --locked --features cuda -p bcl-bench -p bcl-backends --bins --examples \
   --message-format=json >>"$json"
+cargo build --release --locked --features cuda -p bcl-ffi --lib --message-format=json >>"$json"
 python3 - "$json" "$dir" <<'PY'
 import json, shutil, subprocess, sys
-wanted = {"cuda", "backends_agree", "cuda_ring", "bcl-bench", "cuda_bandwidth"}
+wanted = {"cuda", "backends_agree", "cuda_ring", "bcl-bench", "cuda_bandwidth", "libbcl.so"}
 found = {}
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        name = m["target"]["name"]
-        if name in wanted:
-            found[name] = m["executable"]
+    if m.get("reason") != "compiler-artifact":
+        continue
+    if m.get("executable") and m["target"]["name"] in wanted:
+        found[m["target"]["name"]] = m["executable"]
+    for f in m.get("filenames", []):
+        if f.endswith("/libbcl.so"):
+            found["libbcl.so"] = f
 missing = wanted - found.keys()
 if missing:
     sys.exit(f"device-prebuild: not built: {sorted(missing)}")

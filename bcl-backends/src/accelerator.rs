@@ -105,6 +105,14 @@ pub enum DeviceError {
     /// The device specification text could not be parsed.
     #[error("bad device spec '{spec}': {reason}")]
     BadSpec { spec: String, reason: String },
+    /// A caller's pointer does not name memory of this device.
+    #[error("{device}: {len} bytes at {address:#x} are not memory of this device: {reason}")]
+    NotDeviceMemory {
+        device: String,
+        address: u64,
+        len: usize,
+        reason: String,
+    },
     /// Device work the caller enqueued did not finish in time.
     #[error("{device}: {what}")]
     Stalled { device: String, what: String },
@@ -345,5 +353,40 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
         self.synchronize(stream)?;
         Ok(StreamHold::none())
+    }
+
+    /// A handle to `len` bytes of this device's memory at `address`, allocated by someone
+    /// else (a C caller's device pointer). The handle never frees it. Backends whose memory
+    /// has no addresses outside the backend answer an error; the cuda backend checks that the
+    /// range lies inside one allocation of its device.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and the caller must not write it (nor read what an
+    /// operation writes) other than in stream order, until the operations given the handle
+    /// are complete.
+    #[allow(unsafe_code)] // a contract for callers at the C boundary; no unsafe code here
+    unsafe fn borrow_memory(&self, address: u64, len: usize) -> Result<DeviceBuffer, DeviceError> {
+        let _ = (address, len);
+        Err(DeviceError::Unavailable(format!(
+            "{}: device memory is not addressable from outside the {} backend",
+            self.info(),
+            self.info().vendor
+        )))
+    }
+
+    /// A handle to a stream created by someone else (a C caller's `cudaStream_t`; 0 is the
+    /// legacy default stream). The same raw stream gives the same handle.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of this device's context, and stay alive while operations
+    /// enqueued on the handle may run.
+    #[allow(unsafe_code)] // a contract for callers at the C boundary; no unsafe code here
+    unsafe fn borrow_stream(&self, raw: u64) -> Result<Stream, DeviceError> {
+        let _ = raw;
+        Err(DeviceError::Unavailable(format!(
+            "{}: the {} backend has no streams of other libraries",
+            self.info(),
+            self.info().vendor
+        )))
     }
 }

@@ -635,6 +635,11 @@ impl Communicator {
     /// On the cuda backend the stream waits on the GPU (a stream memory operation on a
     /// host-mapped flag that the progress thread sets); the cpu and sim backends finish their
     /// streams' work as it is enqueued, so nothing waits there.
+    ///
+    /// While such a collective runs, do not block a host thread in a CUDA call on `stream`
+    /// (`cudaStreamSynchronize`, a pageable `cudaMemcpy`): measured on an H200, the progress
+    /// thread's own CUDA calls then stall behind it and the collective never finishes. Wait
+    /// for the [`Work`] first, or use [`Communicator::submit_after`].
     pub fn submit_on(
         &self,
         collective: Collective,
@@ -644,7 +649,36 @@ impl Communicator {
         output: Option<&DeviceBuffer>,
         stream: &Stream,
     ) -> Result<Work> {
-        self.enqueue(collective, count, dtype, input, output, Some(stream))
+        self.enqueue(
+            collective,
+            count,
+            dtype,
+            input,
+            output,
+            Some((stream, true)),
+        )
+    }
+
+    /// Enqueue `collective` to start after the work already on `stream`, without making the
+    /// stream wait for it: the caller waits for the [`Work`] before enqueuing work that uses
+    /// the result (what the C ABI does for cuda communicators).
+    pub fn submit_after(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&DeviceBuffer>,
+        output: Option<&DeviceBuffer>,
+        stream: &Stream,
+    ) -> Result<Work> {
+        self.enqueue(
+            collective,
+            count,
+            dtype,
+            input,
+            output,
+            Some((stream, false)),
+        )
     }
 
     fn enqueue(
@@ -654,7 +688,7 @@ impl Communicator {
         dtype: DataType,
         input: Option<&DeviceBuffer>,
         output: Option<&DeviceBuffer>,
-        stream: Option<&Stream>,
+        stream: Option<(&Stream, bool)>,
     ) -> Result<Work> {
         self.check_usable()?;
         let in_place = input.is_none();
@@ -668,7 +702,7 @@ impl Communicator {
         )?;
         let (after, hold) = match stream {
             None => (None, None),
-            Some(stream) => {
+            Some((stream, hold)) => {
                 let acc = &self.shared.accelerator;
                 let device_error = |source| Error::Device {
                     rank: self.rank(),
@@ -676,8 +710,12 @@ impl Communicator {
                     source,
                 };
                 let after = acc.record_event(stream).map_err(device_error)?;
-                let hold = acc.hold_stream(stream).map_err(device_error)?;
-                (Some(after), Some(hold))
+                let hold = if hold {
+                    Some(acc.hold_stream(stream).map_err(device_error)?)
+                } else {
+                    None
+                };
+                (Some(after), hold)
             }
         };
         let work = Arc::new(WorkState::default());

@@ -6,14 +6,17 @@ use crate::guard::{call, last_error};
 use crate::registry;
 use crate::types::*;
 use bcl_core::config::process_env;
-use bcl_core::{Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId};
+use bcl_core::{
+    Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId, Vendor,
+};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::time::Duration;
 
 /// `bclComm_t`: an opaque handle (see the registry).
 pub type BclComm = *mut c_void;
-/// `bclStream_t`: must be NULL with the cpu and sim backends.
+/// `bclStream_t`: NULL with the cpu and sim backends; a `cudaStream_t` (or NULL, the legacy
+/// default stream) with the cuda backend.
 pub type BclStream = *mut c_void;
 
 fn invalid(text: String) -> Error {
@@ -44,8 +47,8 @@ fn no_stream(stream: BclStream) -> Result<(), Error> {
         Ok(())
     } else {
         Err(invalid(
-            "stream must be NULL: the cpu and sim backends complete each call before it returns \
-             (device streams come with the CUDA backend)"
+            "stream must be NULL on a cpu or sim communicator: they complete each call before it \
+             returns (streams order the calls of cuda communicators)"
                 .into(),
         ))
     }
@@ -116,9 +119,13 @@ unsafe fn host_call(
     recv: *mut c_void,
     stream: BclStream,
 ) -> Result<(), Error> {
-    no_stream(stream)?;
     let dtype = data_type(datatype)?;
     let comm = registry::get(comm as usize)?;
+    if comm.accelerator().info().vendor == Vendor::Nvidia {
+        // SAFETY: bcl.h's contract for device buffers and streams.
+        return unsafe { device_call(&comm, collective, count, dtype, send, recv, stream) };
+    }
+    no_stream(stream)?;
     let (rank, world) = (comm.rank(), comm.world_size());
     let (inp, out) = collective.buffer_elems(count, world, rank);
     let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
@@ -160,6 +167,86 @@ unsafe fn host_call(
         None
     };
     comm.run_host(collective, count, dtype, input, output)
+}
+
+/// A collective of a communicator on a CUDA device: `send`/`recv` are device pointers of its
+/// GPU and `stream` a `cudaStream_t` (NULL: the legacy default stream). It starts after the
+/// work already on `stream` and returns once it is done, so the stream's later work follows
+/// it. Unlike NCCL the calling thread waits: a GPU-side hold of the caller's stream (what
+/// `Communicator::submit_on` does) stalled the progress thread's CUDA calls whenever the
+/// caller then blocked in `cudaStreamSynchronize` or a pageable `cudaMemcpy` (measured on an
+/// H200), which is what C callers do next.
+///
+/// # Safety
+/// `send`/`recv` device memory of the communicator's GPU as `bcl.h` documents, allocated
+/// until the stream has passed the call; `stream` a live stream of the GPU's context.
+unsafe fn device_call(
+    comm: &Communicator,
+    collective: Collective,
+    count: usize,
+    dtype: DataType,
+    send: *const c_void,
+    recv: *mut c_void,
+    stream: BclStream,
+) -> Result<(), Error> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let (inp, out) = collective.buffer_elems(count, world, rank);
+    let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
+    let out_bytes = byte_len(out.unwrap_or(0), dtype)?;
+    let block = byte_len(count, dtype)?.saturating_mul(rank);
+    let (s, r) = (send as usize, recv as usize);
+    let in_place = match collective {
+        Collective::AllGather => s != 0 && s == r.wrapping_add(block),
+        Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
+        Collective::Broadcast { root } => s == r || rank != root,
+        Collective::Reduce { root, .. } => s == r && rank == root,
+        _ => s != 0 && s == r,
+    };
+    let acc = comm.accelerator();
+    let borrow = |address: usize, len: usize, what: &str| {
+        if address == 0 && len > 0 {
+            return Err(invalid(format!(
+                "{what} is NULL but {len} bytes are needed"
+            )));
+        }
+        // SAFETY: bcl.h: device buffers stay allocated until the stream passes the call, and
+        // the caller touches them only in stream order; the backend checks the range lies in
+        // one allocation of its GPU.
+        unsafe { acc.borrow_memory(address as u64, len) }
+            .map_err(|e| invalid(format!("rank {rank}: {what}: {e}")))
+    };
+    // SAFETY: bcl.h: `stream` is NULL or a live stream of the communicator's GPU.
+    let stream = unsafe { acc.borrow_stream(stream as u64) }.map_err(|source| Error::Device {
+        rank,
+        device: acc.info().to_string(),
+        source,
+    })?;
+    let work = if in_place {
+        let (address, len) = match collective {
+            Collective::ReduceScatter { .. } => (s, in_bytes),
+            Collective::AllGather => (r, out_bytes),
+            _ => (r, in_bytes.max(out_bytes)),
+        };
+        let buffer = borrow(address, len, "recvbuff")?;
+        comm.submit_after(collective, count, dtype, None, Some(&buffer), &stream)?
+    } else {
+        if overlaps(s, in_bytes, r, out_bytes) {
+            return Err(invalid(
+                "sendbuff and recvbuff overlap without being an in-place call".into(),
+            ));
+        }
+        let input = inp.map(|_| borrow(s, in_bytes, "sendbuff")).transpose()?;
+        let output = out.map(|_| borrow(r, out_bytes, "recvbuff")).transpose()?;
+        comm.submit_after(
+            collective,
+            count,
+            dtype,
+            input.as_ref(),
+            output.as_ref(),
+            &stream,
+        )?
+    };
+    work.wait()
 }
 
 // ---------------------------------------------------------------- version, ids, errors
@@ -577,8 +664,22 @@ pub unsafe extern "C" fn bclAllToAll(
 #[unsafe(no_mangle)]
 pub extern "C" fn bclBarrier(comm: BclComm, stream: BclStream) -> BclResult {
     call("bclBarrier", || {
+        let comm = registry::get(comm as usize)?;
+        if comm.accelerator().info().vendor == Vendor::Nvidia {
+            let acc = comm.accelerator();
+            // SAFETY: bcl.h: `stream` is NULL or a live stream of the communicator's GPU.
+            let stream =
+                unsafe { acc.borrow_stream(stream as u64) }.map_err(|source| Error::Device {
+                    rank: comm.rank(),
+                    device: acc.info().to_string(),
+                    source,
+                })?;
+            return comm
+                .submit_after(Collective::Barrier, 0, DataType::Uint8, None, None, &stream)?
+                .wait();
+        }
         no_stream(stream)?;
-        registry::get(comm as usize)?.barrier()
+        comm.barrier()
     })
 }
 
@@ -625,10 +726,17 @@ unsafe fn p2p(p: PendingP2p) -> Result<(), Error> {
 /// # Safety
 /// Inside a group, `p`'s buffer must stay valid until bclGroupEnd returns.
 unsafe fn p2p_or_defer(p: PendingP2p, stream: BclStream) -> Result<(), Error> {
-    no_stream(stream)?;
     data_type(p.datatype)?;
     rank_arg(p.peer, "peer")?;
-    registry::get(p.comm)?;
+    let comm = registry::get(p.comm)?;
+    if comm.accelerator().info().vendor == Vendor::Nvidia {
+        return Err(invalid(format!(
+            "rank {}: bclSend/bclRecv of GPU memory are not implemented yet (collectives are); \
+             stage through host memory on a cpu communicator",
+            comm.rank()
+        )));
+    }
+    no_stream(stream)?;
     let deferred = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {

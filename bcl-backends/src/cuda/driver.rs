@@ -177,3 +177,26 @@ pub(super) fn wait_for_flag(
 pub(super) fn set_flag(flags: &Pinned, index: usize, value: u32) {
     flags.word(index).store(value, Ordering::SeqCst);
 }
+
+/// The base and size of the allocation of this context that holds `address`, or an error
+/// where `address` is not device memory (a host pointer, say).
+pub(super) fn allocation_of(
+    ctx: &CudaContext,
+    address: sys::CUdeviceptr,
+) -> Result<(sys::CUdeviceptr, usize), DriverError> {
+    ctx.bind_to_thread()?;
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: cuMemGetAddressRange only reads the driver's allocation table and writes the
+    // two outputs, which are valid locals.
+    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, address) }.result()?;
+    Ok((base, size))
+}
+
+/// Wrap a stream that another library created (`0`: the legacy default stream).
+///
+/// # Safety
+/// `raw` must be a live stream of `ctx` that outlives the wrapper's use.
+pub(super) unsafe fn borrowed_stream(ctx: &Arc<CudaContext>, raw: u64) -> Arc<CudaStream> {
+    // SAFETY: forwarded to the caller; the wrapper does not destroy the stream on drop.
+    unsafe { ctx.wrap_borrowed_stream(raw as sys::CUstream) }
+}

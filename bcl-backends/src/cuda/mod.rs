@@ -35,7 +35,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::kernels::KernelError;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    DevicePtrMut, DriverError, LaunchConfig, sys,
+    DevicePtrMut, DriverError, LaunchConfig, SyncOnDrop, sys,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -89,10 +89,47 @@ struct Staging {
     next: usize,
 }
 
+/// Device memory behind a handle: ours, or a caller's (never freed by us).
+enum Memory {
+    Owned(CudaSlice<u8>),
+    Borrowed(sys::CUdeviceptr),
+}
+
+impl Memory {
+    /// The base address, for work on `stream` that writes it; owned memory orders the
+    /// stream after earlier work on it until the guard drops.
+    fn write_address<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, Option<SyncOnDrop<'a>>) {
+        match self {
+            Memory::Owned(slice) => {
+                let (base, guard) = slice.device_ptr_mut(stream);
+                (base, Some(guard))
+            }
+            Memory::Borrowed(base) => (*base, None),
+        }
+    }
+
+    /// The base address, for work on `stream` that only reads it.
+    fn read_address<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, Option<SyncOnDrop<'a>>) {
+        match self {
+            Memory::Owned(slice) => {
+                let (base, guard) = slice.device_ptr(stream);
+                (base, Some(guard))
+            }
+            Memory::Borrowed(base) => (*base, None),
+        }
+    }
+}
+
 /// The device buffers, by handle id.
 #[derive(Default)]
 struct Buffers {
-    map: Mutex<HashMap<u64, CudaSlice<u8>>>,
+    map: Mutex<HashMap<u64, Memory>>,
 }
 
 impl BufferOwner for Buffers {
@@ -118,6 +155,8 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     own: Arc<CudaStream>,
     streams: Mutex<HashMap<u64, Arc<Lane>>>,
+    /// Streams of other libraries, by raw handle, to their ids in `streams`.
+    borrowed_streams: Mutex<HashMap<u64, u64>>,
     buffers: Arc<Buffers>,
     events: Mutex<HashMap<u64, CudaEvent>>,
     holds: Arc<Mutex<HoldFlags>>,
@@ -232,6 +271,7 @@ impl CudaDevice {
             ctx,
             own,
             streams: Mutex::new(streams),
+            borrowed_streams: Mutex::new(HashMap::new()),
             buffers: Arc::new(Buffers::default()),
             events: Mutex::new(HashMap::new()),
             holds: Arc::new(Mutex::new(holds)),
@@ -349,7 +389,7 @@ impl CudaDevice {
         let buffer = map
             .get_mut(&s.buffer.id())
             .ok_or_else(|| self.foreign("buffer"))?;
-        let (base, _ordered) = buffer.device_ptr_mut(stream);
+        let (base, _ordered) = buffer.write_address(stream);
         f(base + s.offset as u64)
     }
 
@@ -392,7 +432,7 @@ impl Accelerator for CudaDevice {
                     reason: format!("{e:?}"),
                 })?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.buffers.map.lock().insert(id, slice);
+        self.buffers.map.lock().insert(id, Memory::Owned(slice));
         let owner: Arc<dyn BufferOwner> = self.buffers.clone();
         Ok(DeviceBuffer::new(id, len, self.uid, owner))
     }
@@ -534,7 +574,7 @@ impl Accelerator for CudaDevice {
             let buffer = map
                 .get_mut(&dst.buffer.id())
                 .ok_or_else(|| self.foreign("buffer"))?;
-            let (base, _ordered) = buffer.device_ptr_mut(s);
+            let (base, _ordered) = buffer.write_address(s);
             return copy(base + dst.offset as u64, base + src.offset as u64);
         }
         let [to, from] = map.get_disjoint_mut([&dst.buffer.id(), &src.buffer.id()]);
@@ -542,8 +582,8 @@ impl Accelerator for CudaDevice {
             to.ok_or_else(|| self.foreign("buffer"))?,
             from.ok_or_else(|| self.foreign("buffer"))?,
         );
-        let (to_base, _w) = to.device_ptr_mut(s);
-        let (from_base, _r) = from.device_ptr(s);
+        let (to_base, _w) = to.write_address(s);
+        let (from_base, _r) = from.read_address(s);
         copy(to_base + dst.offset as u64, from_base + src.offset as u64)
     }
 
@@ -662,6 +702,62 @@ impl Accelerator for CudaDevice {
             .map_err(self.driver_error("cuStreamSynchronize"))
     }
 
+    #[allow(unsafe_code)] // the trait's contract; the checks below are safe calls
+    unsafe fn borrow_memory(&self, address: u64, len: usize) -> Result<DeviceBuffer, DeviceError> {
+        let not_ours = |reason: String| DeviceError::NotDeviceMemory {
+            device: self.name.clone(),
+            address,
+            len,
+            reason,
+        };
+        if len > 0 {
+            let (base, size) = driver::allocation_of(&self.ctx, address).map_err(|e| {
+                not_ours(format!(
+                    "the driver knows no allocation there ({e:?}): a host pointer?"
+                ))
+            })?;
+            if address + len as u64 > base + size as u64 {
+                return Err(not_ours(format!(
+                    "the allocation at {base:#x} holds {size} bytes, {} from the address",
+                    base + size as u64 - address
+                )));
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.buffers
+            .map
+            .lock()
+            .insert(id, Memory::Borrowed(address));
+        let owner: Arc<dyn BufferOwner> = self.buffers.clone();
+        Ok(DeviceBuffer::new(id, len, self.uid, owner))
+    }
+
+    #[allow(unsafe_code)] // forwards the trait's contract to cudarc's wrapper
+    unsafe fn borrow_stream(&self, raw: u64) -> Result<Stream, DeviceError> {
+        let mut borrowed = self.borrowed_streams.lock();
+        if let Some(id) = borrowed.get(&raw) {
+            return Ok(Stream {
+                device_uid: self.uid,
+                id: *id,
+            });
+        }
+        // SAFETY: the caller promises a live stream of this context (the trait's contract).
+        let stream = unsafe { driver::borrowed_stream(&self.ctx, raw) };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.streams.lock().insert(
+            id,
+            Arc::new(Lane {
+                stream,
+                staging: Mutex::new(Staging::default()),
+            }),
+        );
+        borrowed.insert(raw, id);
+        Ok(Stream {
+            device_uid: self.uid,
+            id,
+        })
+    }
+
     fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
         let lane = self.lane(stream)?;
         let s = &lane.stream;
@@ -767,8 +863,8 @@ impl CudaDevice {
                 to.ok_or_else(|| self.foreign("buffer"))?,
                 from.ok_or_else(|| self.foreign("buffer"))?,
             );
-            let (dst, _w) = to.device_ptr_mut(&self.own);
-            let (src, _r) = from.device_ptr(&self.own);
+            let (dst, _w) = to.write_address(&self.own);
+            let (src, _r) = from.read_address(&self.own);
             driver::launch(
                 &self.own,
                 kernel,

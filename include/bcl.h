@@ -13,9 +13,12 @@
  *    must be NULL and every call completes before it returns. With the cuda backend
  *    (config.device or BCL_DEVICE "cuda:N", a libbcl built with the `cuda` feature), buffers
  *    are device pointers of that GPU (checked: a host pointer is bclInvalidArgument) and
- *    `stream` a cudaStream_t (NULL: the legacy default stream): a collective or barrier
- *    starts after the work already on the stream and, unlike NCCL, returns once it is done
- *    (so the stream's later work follows it; the calling thread waits meanwhile).
+ *    `stream` a cudaStream_t (NULL: the legacy default stream): as in NCCL, a collective or
+ *    barrier starts after the work already on the stream, the stream's later work waits for
+ *    it, and the call returns at once (the stream copies the data through pinned host
+ *    memory; BCL's progress thread makes no CUDA call, so blocking on the stream right away
+ *    is fine). A failure poisons the communicator (bclCommGetAsyncError). The buffers must
+ *    stay allocated until the stream has passed the call.
  *    bclSend/bclRecv of GPU memory are not implemented yet (bclInvalidArgument says so).
  *  - Thread safety: different communicators may be used from different threads at once;
  *    calls on one communicator from several threads run one after another, in lock order.

@@ -7,7 +7,8 @@
 #      sharing the GPU + 2 cpu ranks, and a collective ordered on a caller's stream;
 #   4. bandwidths: device copy, the reduce kernel, staged host copies;
 #   5. the C ABI on GPU ranks: bcl-ffi/tests/cuda/streams.cu built with nvcc against libbcl,
-#      2 CUDA ranks + 2 cpu ranks as processes (device pointers, cudaStream_t ordering);
+#      2 CUDA ranks + 2 cpu ranks as processes (device pointers, cudaStream_t ordering), with
+#      the caller blocking on the stream by a pageable copy, then by cudaStreamSynchronize;
 #   6. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu; 2 cpu ranks,
 #      1 CUDA + 1 cpu.
 # Usage: scripts/device-check.sh [DIR]
@@ -48,12 +49,13 @@ step timeout 120 "$bins/backends_agree" --test-threads=1
 step timeout 200 "$bins/cuda_ring" --include-ignored --test-threads=1
 step timeout 120 "$bins/cuda_bandwidth" 0 1024 20
 c_abi_ranks() {
-  local exe=$1 id pids=() rank status=0
+  local exe=$1 mode=${2:-BCL_TEST_PAGEABLE_COPY=1} id pids=() rank status=0
   id=$(python3 -c 'import secrets, socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(f"bcl://127.0.0.1:{s.getsockname()[1]}/{secrets.token_hex(16)}")')
   for rank in 0 1 2 3; do
     device=cpu; [ $rank -lt 2 ] && device=cuda:0
-    BCL_RANK=$rank BCL_WORLD_SIZE=4 BCL_UNIQUE_ID=$id BCL_DEVICE=$device BCL_INIT_TIMEOUT_S=30 \
-      BCL_TIMEOUT_S=30 LD_LIBRARY_PATH=$bins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 90 "$exe" &
+    env "$mode" BCL_RANK=$rank BCL_WORLD_SIZE=4 BCL_UNIQUE_ID=$id BCL_DEVICE=$device \
+      BCL_INIT_TIMEOUT_S=30 BCL_TIMEOUT_S=20 LD_LIBRARY_PATH=$bins${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      timeout 60 "$exe" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || status=1; done
@@ -63,6 +65,7 @@ nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -n "$nvcc" ]; then
   step "$nvcc" -O2 -Iinclude bcl-ffi/tests/cuda/streams.cu -L"$bins" -lbcl -o /tmp/bcl-c-abi-streams
   step c_abi_ranks /tmp/bcl-c-abi-streams
+  step c_abi_ranks /tmp/bcl-c-abi-streams BCL_TEST_SYNC_FIRST=1
 else
   echo "FAILED: no nvcc on this machine: the C ABI's CUDA test did not run"; status=1
 fi

@@ -125,6 +125,19 @@ pub enum DeviceError {
     },
 }
 
+/// One collective staged through host memory by [`Accelerator::stage_through_host`]. Its
+/// methods make no device calls: the thread that runs the collective only polls host memory.
+pub trait HostStaged: Send + fmt::Debug {
+    /// Whether the stream has filled the mirrors (never blocks).
+    fn ready(&self) -> bool;
+    /// The mirrors, once ready: the input (out of place) and the output (the in-place
+    /// buffer), as the collective reads and writes them.
+    fn buffers(&mut self) -> (Option<&[u8]>, Option<&mut [u8]>);
+    /// Let the stream go on and upload the output mirror (dropping does it too, so an error
+    /// never leaves the stream waiting).
+    fn finish(self: Box<Self>);
+}
+
 /// A wait enqueued on a stream by [`Accelerator::hold_stream`]: the stream's later work runs
 /// only once the hold is released. Dropping the hold releases it, so an operation that fails
 /// or panics never leaves the caller's stream waiting for ever.
@@ -353,6 +366,27 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
         self.synchronize(stream)?;
         Ok(StreamHold::none())
+    }
+
+    /// Enqueue on `stream` the host staging of one collective, for callers whose progress
+    /// thread must make no device calls: the stream downloads `input` (out of place) or the
+    /// in-place buffer `output` into host mirrors, signals the returned [`HostStaged`] that
+    /// they are ready, waits until it is finished, then uploads the output mirror into
+    /// `output`. Returns at once. The stream's later work thus follows the collective, and
+    /// the caller's thread never waits (NCCL's model); the collective itself runs on the host
+    /// mirrors. Backends without streams that run ahead of the host answer an error.
+    fn stage_through_host(
+        &self,
+        input: Option<DeviceSlice<'_>>,
+        output: Option<DeviceSlice<'_>>,
+        stream: &Stream,
+    ) -> Result<Box<dyn HostStaged>, DeviceError> {
+        let _ = (input, output, stream);
+        Err(DeviceError::Unavailable(format!(
+            "{}: the {} backend does not stage collectives through host memory",
+            self.info(),
+            self.info().vendor
+        )))
     }
 
     /// A handle to `len` bytes of this device's memory at `address`, allocated by someone

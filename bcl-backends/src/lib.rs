@@ -25,7 +25,7 @@ pub mod spec;
 
 pub use accelerator::{
     Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
-    Stream, StreamHold, Vendor,
+    HostStaged, Stream, StreamHold, Vendor,
 };
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};

@@ -214,12 +214,7 @@ fn a_held_stream_waits_for_its_release() {
     let buf = dev.allocate(1024).expect("allocate");
     dev.copy_to_device(buf.full(), &[1u8; 1024], &caller)
         .expect("h2d");
-    let t = Instant::now();
     let hold = dev.hold_stream(&caller).expect("hold");
-    assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "hold_stream blocked the caller"
-    );
     // Enqueued after the hold: must not run until it is released.
     dev.reduce_from_host(
         buf.full(),

@@ -19,7 +19,8 @@ use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{
-    Accelerator, DataType, DeviceBuffer, Element, Event, ReduceOp, Stream, StreamHold, open_device,
+    Accelerator, DataType, DeviceBuffer, Element, Event, HostStaged, ReduceOp, Stream, StreamHold,
+    open_device,
 };
 use bcl_transport::mem::MemFabric;
 use bcl_transport::store::{FileStore, MemoryStore, Store, TcpStore, TcpStoreServer};
@@ -44,6 +45,10 @@ struct DeviceJob {
     after: Option<Event>,
     /// Holds the caller's stream until the job is done (released when dropped).
     hold: Option<StreamHold>,
+    /// The job runs on host mirrors of its device buffers that the caller's stream fills
+    /// and drains (`Accelerator::stage_through_host`); the progress thread then makes no
+    /// device calls for it.
+    staged: Option<Box<dyn HostStaged>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -639,7 +644,7 @@ impl Communicator {
     /// While such a collective runs, do not block a host thread in a CUDA call on `stream`
     /// (`cudaStreamSynchronize`, a pageable `cudaMemcpy`): measured on an H200, the progress
     /// thread's own CUDA calls then stall behind it and the collective never finishes. Wait
-    /// for the [`Work`] first, or use [`Communicator::submit_after`].
+    /// for the [`Work`] first, or use [`Communicator::submit_staged`].
     pub fn submit_on(
         &self,
         collective: Collective,
@@ -649,20 +654,17 @@ impl Communicator {
         output: Option<&DeviceBuffer>,
         stream: &Stream,
     ) -> Result<Work> {
-        self.enqueue(
-            collective,
-            count,
-            dtype,
-            input,
-            output,
-            Some((stream, true)),
-        )
+        self.enqueue(collective, count, dtype, input, output, Some(stream))
     }
 
-    /// Enqueue `collective` to start after the work already on `stream`, without making the
-    /// stream wait for it: the caller waits for the [`Work`] before enqueuing work that uses
-    /// the result (what the C ABI does for cuda communicators).
-    pub fn submit_after(
+    /// Enqueue `collective` on a caller's stream through host memory: the stream copies the
+    /// device input into pinned host memory and signals the progress thread, which runs the
+    /// collective there (host kernels) and signals back; the stream then copies the result
+    /// into `output`. Starts after the stream's earlier work, the stream's later work follows
+    /// it, the call returns at once, and the progress thread makes no device calls, so the
+    /// caller may block on the stream (`cudaStreamSynchronize`) at once. What the C ABI does
+    /// for cuda communicators.
+    pub fn submit_staged(
         &self,
         collective: Collective,
         count: usize,
@@ -671,14 +673,55 @@ impl Communicator {
         output: Option<&DeviceBuffer>,
         stream: &Stream,
     ) -> Result<Work> {
-        self.enqueue(
+        self.check_usable()?;
+        let in_place = input.is_none();
+        let need = self.validate(collective, count, dtype, in_place)?;
+        check_len("input", input.map(DeviceBuffer::len), need.0, Fit::AtLeast)?;
+        check_len(
+            "output",
+            output.map(DeviceBuffer::len),
+            need.1,
+            Fit::AtLeast,
+        )?;
+        let acc = &self.shared.accelerator;
+        let staged = acc
+            .stage_through_host(
+                input.zip(need.0).map(|(b, n)| b.slice(0, n)),
+                output.zip(need.1).map(|(b, n)| b.slice(0, n)),
+                stream,
+            )
+            .map_err(|source| Error::Device {
+                rank: self.rank(),
+                device: acc.info().to_string(),
+                source,
+            })?;
+        let work = Arc::new(WorkState::default());
+        let job = DeviceJob {
             collective,
             count,
             dtype,
-            input,
-            output,
-            Some((stream, false)),
-        )
+            input: None,
+            output: None,
+            work: work.clone(),
+            after: None,
+            hold: None,
+            staged: Some(staged),
+        };
+        self.send_job(job)?;
+        Ok(Work {
+            state: work,
+            description: format!("{collective} of {count} x {dtype}"),
+        })
+    }
+
+    fn send_job(&self, job: DeviceJob) -> Result<()> {
+        *self.shared.queued.lock() += 1;
+        let sent = self.jobs.as_ref().map(|j| j.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            *self.shared.queued.lock() -= 1;
+            return Err(Error::Internal("the progress thread is gone".into()));
+        }
+        Ok(())
     }
 
     fn enqueue(
@@ -688,7 +731,7 @@ impl Communicator {
         dtype: DataType,
         input: Option<&DeviceBuffer>,
         output: Option<&DeviceBuffer>,
-        stream: Option<(&Stream, bool)>,
+        stream: Option<&Stream>,
     ) -> Result<Work> {
         self.check_usable()?;
         let in_place = input.is_none();
@@ -702,7 +745,7 @@ impl Communicator {
         )?;
         let (after, hold) = match stream {
             None => (None, None),
-            Some((stream, hold)) => {
+            Some(stream) => {
                 let acc = &self.shared.accelerator;
                 let device_error = |source| Error::Device {
                     rank: self.rank(),
@@ -710,12 +753,8 @@ impl Communicator {
                     source,
                 };
                 let after = acc.record_event(stream).map_err(device_error)?;
-                let hold = if hold {
-                    Some(acc.hold_stream(stream).map_err(device_error)?)
-                } else {
-                    None
-                };
-                (Some(after), hold)
+                let hold = acc.hold_stream(stream).map_err(device_error)?;
+                (Some(after), Some(hold))
             }
         };
         let work = Arc::new(WorkState::default());
@@ -728,13 +767,9 @@ impl Communicator {
             work: work.clone(),
             after,
             hold,
+            staged: None,
         };
-        *self.shared.queued.lock() += 1;
-        let sent = self.jobs.as_ref().map(|j| j.send(job));
-        if !matches!(sent, Some(Ok(()))) {
-            *self.shared.queued.lock() -= 1;
-            return Err(Error::Internal("the progress thread is gone".into()));
-        }
+        self.send_job(job)?;
         Ok(Work {
             state: work,
             description: format!("{collective} of {count} x {dtype}"),
@@ -943,8 +978,76 @@ fn wait_for_stream(shared: &Shared, event: &Event) -> Result<()> {
     Ok(())
 }
 
+/// Wait (polling host memory, bounded by the operation timeout) until the caller's stream
+/// has filled a staged job's mirrors.
+fn wait_until_staged(shared: &Shared, staged: &dyn HostStaged) -> Result<()> {
+    let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(1);
+    while !staged.ready() {
+        if started.elapsed() > timeout {
+            let acc = &shared.accelerator;
+            return Err(Error::Device {
+                rank: shared.rank,
+                device: acc.info().to_string(),
+                source: bcl_backends::DeviceError::Stalled {
+                    device: acc.info().to_string(),
+                    what: format!(
+                        "the work enqueued on the caller's stream before this collective did \
+                         not finish within {timeout:?}"
+                    ),
+                },
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_micros(100));
+    }
+    Ok(())
+}
+
+/// Run a job staged through host memory: no device calls on this thread.
+fn run_staged(shared: &Shared, job: &DeviceJob, staged: &mut dyn HostStaged) -> Result<()> {
+    wait_until_staged(shared, staged)?;
+    let (input, output) = staged.buffers();
+    let bindings = Bindings {
+        input: input.map(Memory::HostRead),
+        output: output.map(Memory::HostWrite),
+        scratch: None,
+    };
+    let mut engine = shared.engine.lock();
+    run(
+        shared,
+        &mut engine,
+        job.collective,
+        job.count,
+        job.dtype,
+        bindings,
+        false,
+    )
+}
+
 fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
-    while let Ok(job) = jobs.recv() {
+    while let Ok(mut job) = jobs.recv() {
+        if let Some(mut staged) = job.staged.take() {
+            let poisoned = shared
+                .poison
+                .lock()
+                .clone()
+                .or_else(|| shared.health.verdict().map(|v| v.line));
+            let result = match poisoned {
+                Some(first) => Err(Error::Poisoned(first)),
+                None => run_staged(&shared, &job, staged.as_mut()),
+            };
+            // Let the stream upload and go on (also after an error).
+            staged.finish();
+            job.work.complete(result);
+            let mut q = shared.queued.lock();
+            *q -= 1;
+            if *q == 0 {
+                shared.drained.notify_all();
+            }
+            continue;
+        }
         let poisoned = shared
             .poison
             .lock()

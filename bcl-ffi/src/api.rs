@@ -170,12 +170,11 @@ unsafe fn host_call(
 }
 
 /// A collective of a communicator on a CUDA device: `send`/`recv` are device pointers of its
-/// GPU and `stream` a `cudaStream_t` (NULL: the legacy default stream). It starts after the
-/// work already on `stream` and returns once it is done, so the stream's later work follows
-/// it. Unlike NCCL the calling thread waits: a GPU-side hold of the caller's stream (what
-/// `Communicator::submit_on` does) stalled the progress thread's CUDA calls whenever the
-/// caller then blocked in `cudaStreamSynchronize` or a pageable `cudaMemcpy` (measured on an
-/// H200), which is what C callers do next.
+/// GPU and `stream` a `cudaStream_t` (NULL: the legacy default stream). As NCCL's: it starts
+/// after the work already on `stream`, the stream's later work waits for it, and the call
+/// returns at once (`Communicator::submit_staged`: the stream copies the data through pinned
+/// host memory and the progress thread makes no CUDA calls, so the caller may block on the
+/// stream right away). Its failure poisons the communicator (`bclCommGetAsyncError`).
 ///
 /// # Safety
 /// `send`/`recv` device memory of the communicator's GPU as `bcl.h` documents, allocated
@@ -228,7 +227,7 @@ unsafe fn device_call(
             _ => (r, in_bytes.max(out_bytes)),
         };
         let buffer = borrow(address, len, "recvbuff")?;
-        comm.submit_after(collective, count, dtype, None, Some(&buffer), &stream)?
+        comm.submit_staged(collective, count, dtype, None, Some(&buffer), &stream)?
     } else {
         if overlaps(s, in_bytes, r, out_bytes) {
             return Err(invalid(
@@ -237,7 +236,7 @@ unsafe fn device_call(
         }
         let input = inp.map(|_| borrow(s, in_bytes, "sendbuff")).transpose()?;
         let output = out.map(|_| borrow(r, out_bytes, "recvbuff")).transpose()?;
-        comm.submit_after(
+        comm.submit_staged(
             collective,
             count,
             dtype,
@@ -246,7 +245,9 @@ unsafe fn device_call(
             &stream,
         )?
     };
-    work.wait()
+    // Completion is the stream's business now; a failure poisons the communicator.
+    drop(work);
+    Ok(())
 }
 
 // ---------------------------------------------------------------- version, ids, errors
@@ -674,9 +675,15 @@ pub extern "C" fn bclBarrier(comm: BclComm, stream: BclStream) -> BclResult {
                     device: acc.info().to_string(),
                     source,
                 })?;
-            return comm
-                .submit_after(Collective::Barrier, 0, DataType::Uint8, None, None, &stream)?
-                .wait();
+            drop(comm.submit_staged(
+                Collective::Barrier,
+                0,
+                DataType::Uint8,
+                None,
+                None,
+                &stream,
+            )?);
+            return Ok(());
         }
         no_stream(stream)?;
         comm.barrier()

@@ -73,6 +73,10 @@ impl Pinned {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The 32-bit word at `index` as an atomic (the stream flags).
     pub(super) fn word(&self, index: usize) -> &AtomicU32 {
         assert!(
@@ -171,6 +175,92 @@ pub(super) fn wait_for_flag(
     // SAFETY: `flag` is the device address of a word of live, device-mapped pinned memory
     // that the owner keeps until the stream has passed this wait.
     unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), flag, value, geq) }.result()
+}
+
+/// Enqueue on `stream` a store of `value` into the 32-bit word at device address `flag`,
+/// after the stream's earlier work (and its memory writes) completed.
+pub(super) fn write_flag(
+    stream: &CudaStream,
+    flag: sys::CUdeviceptr,
+    value: u32,
+) -> Result<(), DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: `flag` is the device address of a word of live, device-mapped pinned memory
+    // that the owner keeps until the stream has passed this write (its retire event).
+    unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), flag, value, 0) }.result()
+}
+
+/// The value of a stream flag, as the device last stored it.
+pub(super) fn read_flag(flags: &Pinned, index: usize) -> u32 {
+    flags.word(index).load(Ordering::Acquire)
+}
+
+/// Copy `len` bytes from device address `src` into `dst` (pinned, at `offset`) on `stream`.
+pub(super) fn download(
+    stream: &CudaStream,
+    dst: &Pinned,
+    offset: usize,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), DriverError> {
+    assert!(offset + len <= dst.len, "download outside the mirror");
+    stream.context().bind_to_thread()?;
+    // SAFETY: `dst[offset..offset+len]` is pinned memory owned by the mirror, which outlives
+    // the copy (kept until the stream's retire event); the host touches it only after the
+    // ready flag that the stream writes after this copy. `src..src+len` lies in a device
+    // allocation (checked by the caller).
+    unsafe {
+        sys::cuMemcpyDtoHAsync_v2(
+            dst.ptr.as_ptr().add(offset).cast(),
+            src,
+            len,
+            stream.cu_stream(),
+        )
+    }
+    .result()
+}
+
+/// Copy `len` bytes from `src` (pinned) into device address `dst` on `stream`.
+pub(super) fn upload(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    src: &Pinned,
+    len: usize,
+) -> Result<(), DriverError> {
+    assert!(len <= src.len, "upload outside the mirror");
+    stream.context().bind_to_thread()?;
+    // SAFETY: as for `download`, the other way round; the stream runs this copy only after
+    // the host finished writing the mirror (the done flag it waits for).
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.ptr.as_ptr().cast(), len, stream.cu_stream()) }
+        .result()
+}
+
+/// The first `len` bytes of a pinned mirror, lent to the host for one staged collective:
+/// between the ready flag (the stream's download finished) and the done flag (the stream may
+/// upload) the device neither reads nor writes them, and calls on one stream are staged one
+/// after another, so the window that `HostStaged` holds is the only user of the bytes.
+#[derive(Debug)]
+pub(super) struct MirrorWindow {
+    mirror: Arc<Pinned>,
+    len: usize,
+}
+
+impl MirrorWindow {
+    pub(super) fn new(mirror: Arc<Pinned>, len: usize) -> Self {
+        assert!(len <= mirror.len, "mirror too small");
+        MirrorWindow { mirror, len }
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        // SAFETY: in bounds (checked in `new`); see the type's comment for exclusivity.
+        unsafe { std::slice::from_raw_parts(self.mirror.ptr.as_ptr(), self.len) }
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: in bounds (checked in `new`); `&mut self` and the staging protocol (the
+        // type's comment) make this the only access to the bytes while it lives.
+        unsafe { std::slice::from_raw_parts_mut(self.mirror.ptr.as_ptr(), self.len) }
+    }
 }
 
 /// Store `value` into a stream flag, visible to the device's stream waits.

@@ -29,7 +29,7 @@ pub use compile::{
 
 use crate::accelerator::{
     Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Event, Stream, StreamHold, Vendor, new_device_uid,
+    DeviceSlice, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
 };
 use crate::dtype::{DataType, ReduceOp};
 use crate::kernels::KernelError;
@@ -80,6 +80,7 @@ struct Slot {
 struct Lane {
     stream: Arc<CudaStream>,
     staging: Mutex<Staging>,
+    mirrors: Mutex<Mirrors>,
 }
 
 /// The staging slots of a lane, and the one to use next.
@@ -138,13 +139,69 @@ impl BufferOwner for Buffers {
     }
 }
 
-/// The flags behind stream holds: pinned, device-mapped words; a slot goes back to the free
-/// list once the stream it held has passed its wait (the event recorded after the wait).
-struct HoldFlags {
-    words: driver::Pinned,
+/// Flag words (pinned, device-mapped, in `CudaDevice::flag_words`) of stream holds and
+/// staged collectives: which are free, and which wait for their stream to pass the work that
+/// uses them. Only threads that enqueue take this lock; the thread that releases a hold or
+/// finishes a staged collective only stores to a flag word.
+struct Flags {
     free: Vec<usize>,
-    draining: Vec<(usize, CudaEvent)>,
+    retiring: Vec<Retiring>,
     next_value: u32,
+}
+
+/// Flags and mirrors in use until the stream has passed `passed`.
+struct Retiring {
+    flags: Vec<usize>,
+    /// Held only to keep the mirrors allocated (and freed by an enqueuing thread).
+    _mirrors: Vec<Arc<driver::Pinned>>,
+    passed: CudaEvent,
+}
+
+/// The pinned mirrors of a lane's staged collectives, reused from call to call: calls on one
+/// stream are staged one after another, so one's use ends before the next one's begins.
+#[derive(Default)]
+struct Mirrors {
+    input: Option<Arc<driver::Pinned>>,
+    output: Option<Arc<driver::Pinned>>,
+}
+
+/// One collective staged through host memory (see [`Accelerator::stage_through_host`]).
+#[derive(Debug)]
+struct Staged {
+    input: Option<driver::MirrorWindow>,
+    output: Option<driver::MirrorWindow>,
+    flag_words: Arc<driver::Pinned>,
+    ready_flag: usize,
+    done_flag: usize,
+    value: u32,
+}
+
+impl HostStaged for Staged {
+    fn ready(&self) -> bool {
+        let seen = driver::read_flag(&self.flag_words, self.ready_flag);
+        seen.wrapping_sub(self.value) as i32 >= 0
+    }
+
+    fn buffers(&mut self) -> (Option<&[u8]>, Option<&mut [u8]>) {
+        (
+            self.input.as_ref().map(driver::MirrorWindow::bytes),
+            self.output.as_mut().map(driver::MirrorWindow::bytes_mut),
+        )
+    }
+
+    fn finish(self: Box<Self>) {
+        drop(self);
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // The windows go first: the retiring list keeps the mirrors until the stream has
+        // uploaded, so their memory is never freed by this (progress) thread.
+        self.input = None;
+        self.output = None;
+        driver::set_flag(&self.flag_words, self.done_flag, self.value);
+    }
 }
 
 /// A CUDA device.
@@ -159,7 +216,8 @@ pub struct CudaDevice {
     borrowed_streams: Mutex<HashMap<u64, u64>>,
     buffers: Arc<Buffers>,
     events: Mutex<HashMap<u64, CudaEvent>>,
-    holds: Arc<Mutex<HoldFlags>>,
+    flag_words: Arc<driver::Pinned>,
+    flags: Mutex<Flags>,
     reduce: HashMap<(DataType, ReduceOp), CudaFunction>,
     divide: HashMap<DataType, CudaFunction>,
     _module: Arc<CudaModule>,
@@ -232,12 +290,12 @@ impl CudaDevice {
             divide.insert(dtype, f);
         }
         let own = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
-        let words =
-            driver::Pinned::new(&ctx, HOLD_FLAGS * 4).map_err(driver_error("cuMemHostAlloc"))?;
-        let holds = HoldFlags {
-            words,
+        let flag_words = Arc::new(
+            driver::Pinned::new(&ctx, HOLD_FLAGS * 4).map_err(driver_error("cuMemHostAlloc"))?,
+        );
+        let flags = Flags {
             free: (0..HOLD_FLAGS).rev().collect(),
-            draining: Vec::new(),
+            retiring: Vec::new(),
             next_value: 1,
         };
         let uid = new_device_uid();
@@ -247,6 +305,7 @@ impl CudaDevice {
             Arc::new(Lane {
                 stream: own.clone(),
                 staging: Mutex::new(Staging::default()),
+                mirrors: Mutex::new(Mirrors::default()),
             }),
         );
         let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
@@ -274,7 +333,8 @@ impl CudaDevice {
             borrowed_streams: Mutex::new(HashMap::new()),
             buffers: Arc::new(Buffers::default()),
             events: Mutex::new(HashMap::new()),
-            holds: Arc::new(Mutex::new(holds)),
+            flag_words,
+            flags: Mutex::new(flags),
             reduce,
             divide,
             _module: module,
@@ -455,6 +515,7 @@ impl Accelerator for CudaDevice {
             Arc::new(Lane {
                 stream,
                 staging: Mutex::new(Staging::default()),
+                mirrors: Mutex::new(Mirrors::default()),
             }),
         );
         Ok(Stream {
@@ -749,6 +810,7 @@ impl Accelerator for CudaDevice {
             Arc::new(Lane {
                 stream,
                 staging: Mutex::new(Staging::default()),
+                mirrors: Mutex::new(Mirrors::default()),
             }),
         );
         borrowed.insert(raw, id);
@@ -761,49 +823,176 @@ impl Accelerator for CudaDevice {
     fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
         let lane = self.lane(stream)?;
         let s = &lane.stream;
-        let mut holds = self.holds.lock();
-        // Flags whose stream has passed its wait can serve again.
+        let mut flags = self.flags.lock();
+        let [flag] = self.take_flags(&mut flags)?;
+        let value = Self::next_value(&mut flags);
+        let address = self.flag_words.word_device_ptr(flag);
+        if let Err(e) = driver::wait_for_flag(s, address, value) {
+            flags.free.push(flag);
+            return Err(self.driver_error("cuStreamWaitValue32")(e));
+        }
+        let passed = self.passed_event(s);
+        let passed = match passed {
+            Ok(p) => p,
+            Err(e) => {
+                // The wait is enqueued: release it before giving the flag back.
+                driver::set_flag(&self.flag_words, flag, value);
+                return Err(e);
+            }
+        };
+        flags.retiring.push(Retiring {
+            flags: vec![flag],
+            _mirrors: Vec::new(),
+            passed,
+        });
+        let words = self.flag_words.clone();
+        Ok(StreamHold::new(move || {
+            driver::set_flag(&words, flag, value)
+        }))
+    }
+
+    fn stage_through_host(
+        &self,
+        input: Option<DeviceSlice<'_>>,
+        output: Option<DeviceSlice<'_>>,
+        stream: &Stream,
+    ) -> Result<Box<dyn HostStaged>, DeviceError> {
+        let lane = self.lane(stream)?;
+        let s = &lane.stream;
+        for slice in input.iter().chain(output.iter()) {
+            self.check(slice)?;
+        }
+        let mut mirrors = lane.mirrors.lock();
+        let in_mirror = input
+            .map(|i| self.mirror(&mut mirrors.input, i.len))
+            .transpose()?;
+        let out_mirror = output
+            .map(|o| self.mirror(&mut mirrors.output, o.len))
+            .transpose()?;
+        let mut flags = self.flags.lock();
+        let [ready_flag, done_flag] = self.take_flags(&mut flags)?;
+        let value = Self::next_value(&mut flags);
+        let enqueued = (|| {
+            // The data the collective starts from: the input, or the in-place buffer.
+            let first = match (&input, &in_mirror, &output, &out_mirror) {
+                (Some(i), Some(m), _, _) => Some((*i, m)),
+                (None, _, Some(o), Some(m)) => Some((*o, m)),
+                _ => None,
+            };
+            if let Some((from, mirror)) = first {
+                self.with_address(from, s, |at| {
+                    driver::download(s, mirror, 0, at, from.len)
+                        .map_err(self.driver_error("cuMemcpyDtoHAsync"))
+                })?;
+            }
+            driver::write_flag(s, self.flag_words.word_device_ptr(ready_flag), value)
+                .map_err(self.driver_error("cuStreamWriteValue32"))?;
+            driver::wait_for_flag(s, self.flag_words.word_device_ptr(done_flag), value)
+                .map_err(self.driver_error("cuStreamWaitValue32"))?;
+            if let (Some(to), Some(mirror)) = (&output, &out_mirror) {
+                self.with_address(*to, s, |at| {
+                    driver::upload(s, at, mirror, to.len)
+                        .map_err(self.driver_error("cuMemcpyHtoDAsync"))
+                })?;
+            }
+            self.passed_event(s)
+        })();
+        let passed = match enqueued {
+            Ok(p) => p,
+            Err(e) => {
+                // Whatever was enqueued must not wait for ever.
+                driver::set_flag(&self.flag_words, done_flag, value);
+                return Err(e);
+            }
+        };
+        flags.retiring.push(Retiring {
+            flags: vec![ready_flag, done_flag],
+            _mirrors: in_mirror.iter().chain(out_mirror.iter()).cloned().collect(),
+            passed,
+        });
+        Ok(Box::new(Staged {
+            input: in_mirror
+                .zip(input)
+                .map(|(m, i)| driver::MirrorWindow::new(m, i.len)),
+            output: out_mirror
+                .zip(output)
+                .map(|(m, o)| driver::MirrorWindow::new(m, o.len)),
+            flag_words: self.flag_words.clone(),
+            ready_flag,
+            done_flag,
+            value,
+        }))
+    }
+}
+
+impl CudaDevice {
+    /// `N` free flags, after taking back those whose stream has passed their work; each
+    /// starts below the value its user will wait for.
+    fn take_flags<const N: usize>(&self, flags: &mut Flags) -> Result<[usize; N], DeviceError> {
         let mut k = 0;
-        while k < holds.draining.len() {
-            let passed = holds.draining[k]
-                .1
+        while k < flags.retiring.len() {
+            let passed = flags.retiring[k]
+                .passed
                 .try_is_complete()
                 .map_err(self.driver_error("cuEventQuery"))?;
             if passed {
-                let (flag, _) = holds.draining.swap_remove(k);
-                holds.free.push(flag);
+                let done = flags.retiring.swap_remove(k);
+                flags.free.extend(done.flags);
             } else {
                 k += 1;
             }
         }
-        let flag = holds.free.pop().ok_or_else(|| DeviceError::Driver {
-            device: self.name.clone(),
-            call: "hold_stream",
-            reason: format!("{HOLD_FLAGS} stream holds are outstanding"),
-        })?;
-        // Each hold waits for a value of its own, so a late store of an earlier hold of the
-        // same flag can never release it.
-        let value = holds.next_value;
-        holds.next_value = holds.next_value.wrapping_add(1).max(1);
-        driver::set_flag(&holds.words, flag, value.wrapping_sub(1));
-        let address = holds.words.word_device_ptr(flag);
-        if let Err(e) = driver::wait_for_flag(s, address, value) {
-            holds.free.push(flag);
-            return Err(self.driver_error("cuStreamWaitValue32")(e));
+        if flags.free.len() < N {
+            return Err(DeviceError::Driver {
+                device: self.name.clone(),
+                call: "stream flags",
+                reason: format!("all {HOLD_FLAGS} stream flags are in use by pending work"),
+            });
         }
-        let passed = self
+        let taken: [usize; N] = std::array::from_fn(|_| flags.free.pop().unwrap_or_default());
+        for flag in taken {
+            let value = flags.next_value;
+            driver::set_flag(&self.flag_words, flag, value.wrapping_sub(1));
+        }
+        Ok(taken)
+    }
+
+    /// The value the next hold or staged collective waits for: each its own, so a late store
+    /// of an earlier user of a flag can never release a later one.
+    fn next_value(flags: &mut Flags) -> u32 {
+        let value = flags.next_value;
+        flags.next_value = value.wrapping_add(1).max(1);
+        value
+    }
+
+    /// An event recorded at the current end of `stream`.
+    fn passed_event(&self, stream: &CudaStream) -> Result<CudaEvent, DeviceError> {
+        let event = self
             .ctx
             .new_event(None)
             .map_err(self.driver_error("cuEventCreate"))?;
-        passed
-            .record(s)
+        event
+            .record(stream)
             .map_err(self.driver_error("cuEventRecord"))?;
-        let shared = self.holds.clone();
-        Ok(StreamHold::new(move || {
-            let mut holds = shared.lock();
-            driver::set_flag(&holds.words, flag, value);
-            holds.draining.push((flag, passed));
-        }))
+        Ok(event)
+    }
+
+    /// The lane's mirror in `slot` if it holds `len` bytes, else a new one (the old one lives
+    /// on in the retiring entries of calls still using it).
+    fn mirror(
+        &self,
+        slot: &mut Option<Arc<driver::Pinned>>,
+        len: usize,
+    ) -> Result<Arc<driver::Pinned>, DeviceError> {
+        if let Some(m) = slot.as_ref().filter(|m| m.len() >= len) {
+            return Ok(m.clone());
+        }
+        let size = len.max(1 << 20).next_power_of_two();
+        let m = Arc::new(
+            driver::Pinned::new(&self.ctx, size).map_err(self.driver_error("cuMemHostAlloc"))?,
+        );
+        *slot = Some(m.clone());
+        Ok(m)
     }
 }
 

@@ -6,6 +6,9 @@
  *    for ~50 ms; a collective that read it early would sum stale values;
  *  - stream order after the call: a kernel enqueued after the allreduce doubles the result;
  *    had it run before the allreduce wrote it, the result would not be doubled;
+ *  - the call returns without waiting for the stream (its spinning kernel is still running),
+ *    and the caller may then block on the stream (a pageable copy back, or
+ *    cudaStreamSynchronize with BCL_TEST_SYNC_FIRST);
  *  - in-place allreduce, allgather, barrier on the stream;
  *  - a host pointer given to a GPU communicator is bclInvalidArgument naming it. */
 #include <bcl.h>
@@ -84,6 +87,13 @@ int main(void) {
     double t0 = now_ms();
     CHECK_BCL(bclAllReduce(send, recv, N, bclFloat32, bclSum, comm, s));
     double enqueue_ms = now_ms() - t0;
+    /* The call must not have waited for the stream: the spinning kernel is still running. */
+    cudaError_t busy = cudaStreamQuery(s);
+    if (busy != cudaErrorNotReady) {
+      fprintf(stderr, "rank %d: bclAllReduce waited for the stream (query: %s)\n", rank,
+              cudaGetErrorString(busy));
+      wrong++;
+    }
     if (verbose) fprintf(stderr, "rank %d: +%.1f ms allreduce enqueued\n", rank, enqueue_ms);
     twice<<<264, 256, 0, s>>>(recv, N);
     if (verbose) fprintf(stderr, "rank %d: +%.1f ms enqueued twice\n", rank, now_ms() - t0);
@@ -96,7 +106,7 @@ int main(void) {
     if (verbose) fprintf(stderr, "rank %d: +%.1f ms copied back\n", rank, now_ms() - t0);
     for (int i = 0; i < N; i++)
       if (host[i] != 2.0f * (rank_sum + nranks * (float)(i % 7))) wrong++;
-    printf("rank %d (gpu): allreduce returned after %.1f ms, stream done after %.1f ms, %d wrong\n",
+    printf("rank %d (gpu): allreduce returned after %.3f ms, stream done after %.1f ms, %d wrong\n",
            rank, enqueue_ms, now_ms() - t0, wrong);
     /* In place on the stream, then allgather and barrier. */
     CHECK_BCL(bclAllReduce(recv, recv, N, bclFloat32, bclSum, comm, s));

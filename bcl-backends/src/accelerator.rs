@@ -138,6 +138,15 @@ pub trait HostStaged: Send + fmt::Debug {
     fn finish(self: Box<Self>);
 }
 
+/// Device bytes on their way into host memory the backend owns (see
+/// [`Accelerator::start_download`]). Dropping it gives the memory back.
+pub trait Download: Send + fmt::Debug {
+    /// Whether the bytes have landed (never blocks).
+    fn ready(&self) -> Result<bool, DeviceError>;
+    /// The bytes, once `ready` said so.
+    fn bytes(&self) -> &[u8];
+}
+
 /// A wait enqueued on a stream by [`Accelerator::hold_stream`]: the stream's later work runs
 /// only once the hold is released. Dropping the hold releases it, so an operation that fails
 /// or panics never leaves the caller's stream waiting for ever.
@@ -366,6 +375,18 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     fn hold_stream(&self, stream: &Stream) -> Result<StreamHold, DeviceError> {
         self.synchronize(stream)?;
         Ok(StreamHold::none())
+    }
+
+    /// Start copying `src` into host memory without waiting for it, so that the executor
+    /// can copy slice k+1 while slice k is on the wire; `None` where the backend copies
+    /// synchronously anyway (cpu, sim): the executor then uses [`Accelerator::copy_to_host`].
+    fn start_download(
+        &self,
+        src: DeviceSlice<'_>,
+        stream: &Stream,
+    ) -> Result<Option<Box<dyn Download>>, DeviceError> {
+        let _ = (src, stream);
+        Ok(None)
     }
 
     /// Enqueue on `stream` the host staging of one collective, for callers whose progress

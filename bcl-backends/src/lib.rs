@@ -24,8 +24,8 @@ pub mod sim;
 pub mod spec;
 
 pub use accelerator::{
-    Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
-    HostStaged, Stream, StreamHold, Vendor,
+    Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Download,
+    Event, HostStaged, Stream, StreamHold, Vendor,
 };
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};

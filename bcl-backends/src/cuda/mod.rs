@@ -29,7 +29,7 @@ pub use compile::{
 
 use crate::accelerator::{
     Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
+    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
 };
 use crate::dtype::{DataType, ReduceOp};
 use crate::kernels::KernelError;
@@ -165,6 +165,62 @@ struct Mirrors {
     output: Option<Arc<driver::Pinned>>,
 }
 
+/// Pinned buffers for downloads ahead of sends, free for the next one.
+type DownloadPool = Arc<Mutex<Vec<Arc<driver::Pinned>>>>;
+
+/// The most free download buffers a device keeps.
+const DOWNLOADS_KEPT: usize = 32;
+
+/// A device-to-host copy in flight into a pinned buffer of the device's pool.
+struct PinnedDownload {
+    buffer: Option<Arc<driver::Pinned>>,
+    len: usize,
+    landed: CudaEvent,
+    pool: DownloadPool,
+}
+
+impl std::fmt::Debug for PinnedDownload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedDownload")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Download for PinnedDownload {
+    fn ready(&self) -> Result<bool, DeviceError> {
+        self.landed
+            .try_is_complete()
+            .map_err(|e| DeviceError::Driver {
+                device: "cuda".into(),
+                call: "cuEventQuery",
+                reason: format!("{e:?}"),
+            })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.buffer
+            .as_ref()
+            .map_or(&[][..], |b| &b.as_slice()[..self.len])
+    }
+}
+
+impl Drop for PinnedDownload {
+    fn drop(&mut self) {
+        // The copy may still be writing the buffer (an operation that failed): wait for it
+        // before anyone else may use the buffer.
+        if !matches!(self.landed.try_is_complete(), Ok(true)) {
+            let _ = self.landed.synchronize();
+        }
+        if let Some(buffer) = self.buffer.take() {
+            let mut pool = self.pool.lock();
+            if pool.len() < DOWNLOADS_KEPT {
+                pool.push(buffer);
+            }
+        }
+    }
+}
+
 /// One collective staged through host memory (see [`Accelerator::stage_through_host`]).
 #[derive(Debug)]
 struct Staged {
@@ -218,6 +274,7 @@ pub struct CudaDevice {
     events: Mutex<HashMap<u64, CudaEvent>>,
     flag_words: Arc<driver::Pinned>,
     flags: Mutex<Flags>,
+    downloads: DownloadPool,
     reduce: HashMap<(DataType, ReduceOp), CudaFunction>,
     divide: HashMap<DataType, CudaFunction>,
     _module: Arc<CudaModule>,
@@ -335,6 +392,7 @@ impl CudaDevice {
             events: Mutex::new(HashMap::new()),
             flag_words,
             flags: Mutex::new(flags),
+            downloads: Arc::new(Mutex::new(Vec::new())),
             reduce,
             divide,
             _module: module,
@@ -849,6 +907,42 @@ impl Accelerator for CudaDevice {
         Ok(StreamHold::new(move || {
             driver::set_flag(&words, flag, value)
         }))
+    }
+
+    fn start_download(
+        &self,
+        src: DeviceSlice<'_>,
+        stream: &Stream,
+    ) -> Result<Option<Box<dyn Download>>, DeviceError> {
+        let lane = self.lane(stream)?;
+        let s = &lane.stream;
+        self.check(&src)?;
+        let len = src.len;
+        let taken = {
+            let mut pool = self.downloads.lock();
+            let at = pool.iter().position(|b| b.len() >= len);
+            at.map(|i| pool.swap_remove(i))
+        };
+        let buffer = match taken {
+            Some(b) => b,
+            None => Arc::new(
+                driver::Pinned::new(&self.ctx, len.max(64 << 10).next_power_of_two())
+                    .map_err(self.driver_error("cuMemHostAlloc"))?,
+            ),
+        };
+        if len > 0 {
+            self.with_address(src, s, |at| {
+                driver::download(s, &buffer, 0, at, len)
+                    .map_err(self.driver_error("cuMemcpyDtoHAsync"))
+            })?;
+        }
+        let landed = self.passed_event(s)?;
+        Ok(Some(Box::new(PinnedDownload {
+            buffer: Some(buffer),
+            len,
+            landed,
+            pool: self.downloads.clone(),
+        })))
     }
 
     fn stage_through_host(

@@ -4,7 +4,7 @@
 
 use super::{ExecError, OpContext, byte_range, host_reduce};
 use crate::schedule::{BufferId, Region};
-use bcl_backends::{DeviceBuffer, kernels};
+use bcl_backends::{DeviceBuffer, DeviceSlice, kernels};
 
 /// Memory bound to one symbolic buffer.
 #[derive(Debug)]
@@ -75,6 +75,17 @@ impl<'a> Bindings<'a> {
                 ctx.accelerator.synchronize(&ctx.stream)?;
                 Ok(&staging[..])
             }
+        }
+    }
+
+    /// The device slice behind `r`, where it lies in device memory.
+    pub(super) fn device_slice(&self, r: Region, esize: usize) -> Option<DeviceSlice<'_>> {
+        match self.get(r.buffer).ok()? {
+            Memory::Device(buf) => {
+                let range = byte_range(r, esize);
+                Some(buf.slice(range.start, range.len()))
+            }
+            _ => None,
         }
     }
 

@@ -13,7 +13,7 @@ pub use memory::{Bindings, Memory};
 
 use crate::schedule::{Action, Plan, Region};
 use crate::signature::{SIGNATURE_BYTES, Signature};
-use bcl_backends::{Accelerator, DataType, DeviceError, ReduceOp, Stream, kernels};
+use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream, kernels};
 use bcl_transport::{Received, Tag, Transport, TransportError};
 use std::time::Instant;
 
@@ -123,7 +123,15 @@ pub struct Executor<'p> {
     pub link_rates: Vec<(usize, f32)>,
     pub device_bytes: u64,
     pub device_secs: f64,
+    /// Device-to-host copies started ahead of their send steps (step, copy), so that slice
+    /// k+1 is copied while slice k is on the wire; `None` until the device says whether it
+    /// copies asynchronously at all.
+    downloads: Vec<(usize, Box<dyn Download>)>,
+    downloads_ahead: Option<bool>,
 }
+
+/// The most device-to-host copies an executor keeps in flight ahead of their sends.
+const DOWNLOADS_AHEAD: usize = 8;
 
 impl<'p> Executor<'p> {
     pub fn new(plan: &'p Plan, world: usize) -> Self {
@@ -161,7 +169,47 @@ impl<'p> Executor<'p> {
             link_rates: Vec::new(),
             device_bytes: 0,
             device_secs: 0.0,
+            downloads: Vec::new(),
+            downloads_ahead: None,
         }
+    }
+
+    /// Start the device-to-host copies of ready sends from device memory (up to
+    /// `DOWNLOADS_AHEAD` in flight), on devices that copy asynchronously.
+    fn start_downloads(
+        &mut self,
+        memory: &Bindings<'_>,
+        ctx: &OpContext<'_>,
+    ) -> Result<(), ExecError> {
+        if self.downloads_ahead == Some(false) {
+            return Ok(());
+        }
+        let esize = ctx.dtype.size();
+        for &step in &self.ready {
+            if self.downloads.len() >= DOWNLOADS_AHEAD {
+                break;
+            }
+            let Action::Send { from, .. } = &self.plan.steps[step].action else {
+                continue;
+            };
+            if self.downloads.iter().any(|(s, _)| *s == step) {
+                continue;
+            }
+            let Some(slice) = memory.device_slice(*from, esize) else {
+                continue;
+            };
+            match ctx.accelerator.start_download(slice, &ctx.stream)? {
+                Some(d) => {
+                    self.downloads_ahead = Some(true);
+                    self.downloads.push((step, d));
+                }
+                None => {
+                    self.downloads_ahead = Some(false);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Bytes this operation moved per peer so far.
@@ -234,6 +282,7 @@ impl<'p> Executor<'p> {
         if !self.signature_peers.is_empty() {
             moved |= self.exchange_signatures(transport, ctx)?;
         }
+        self.start_downloads(memory, ctx)?;
         let mut i = 0;
         while i < self.ready.len() {
             let step = self.ready[i];
@@ -307,32 +356,38 @@ impl<'p> Executor<'p> {
         let esize = ctx.dtype.size();
         match &self.plan.steps[index].action {
             Action::Send { peer, tag, from } => {
-                let peer = *peer;
-                let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
-                let len = bytes.len();
-                let sent = if self.signature_state[peer] & SIGNATURE_TO_SEND == 0 {
-                    transport.try_send(peer, ctx.tag(*tag), bytes)?
-                } else if len <= BUNDLE_MAX {
-                    self.bundle.clear();
-                    self.bundle.extend_from_slice(&ctx.signature.encode());
-                    self.bundle.extend_from_slice(&tag.to_le_bytes());
-                    self.bundle.extend_from_slice(bytes);
-                    let sent = transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &self.bundle)?;
-                    if sent {
-                        self.signature_state[peer] &= !SIGNATURE_TO_SEND;
-                    }
-                    sent
-                } else {
-                    if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
+                let (peer, tag) = (*peer, *tag);
+                if let Some(at) = self.downloads.iter().position(|(s, _)| *s == index) {
+                    if !self.downloads[at].1.ready()? {
                         return Ok(false);
                     }
-                    self.signature_state[peer] &= !SIGNATURE_TO_SEND;
-                    transport.try_send(peer, ctx.tag(*tag), bytes)?
-                };
-                if sent {
-                    self.peer_bytes[peer][0] += len as u64;
+                    let (step, download) = self.downloads.swap_remove(at);
+                    let sent = send_bytes(
+                        transport,
+                        ctx,
+                        peer,
+                        tag,
+                        download.bytes(),
+                        &mut self.bundle,
+                        &mut self.signature_state,
+                        &mut self.peer_bytes,
+                    )?;
+                    if !sent {
+                        self.downloads.push((step, download));
+                    }
+                    return Ok(sent);
                 }
-                Ok(sent)
+                let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
+                send_bytes(
+                    transport,
+                    ctx,
+                    peer,
+                    tag,
+                    bytes,
+                    &mut self.bundle,
+                    &mut self.signature_state,
+                    &mut self.peer_bytes,
+                )
             }
             Action::Recv {
                 peer,
@@ -409,6 +464,45 @@ impl<'p> Executor<'p> {
             }
         }
     }
+}
+
+/// Send one message of a plan to `peer`, the operation's signature in front of the first
+/// (bundled into one frame when small). Returns whether the transport took it.
+#[allow(clippy::too_many_arguments)]
+fn send_bytes(
+    transport: &mut dyn Transport,
+    ctx: &OpContext<'_>,
+    peer: usize,
+    tag: u32,
+    bytes: &[u8],
+    bundle: &mut Vec<u8>,
+    signature_state: &mut [u8],
+    peer_bytes: &mut [[u64; 2]],
+) -> Result<bool, ExecError> {
+    let len = bytes.len();
+    let sent = if signature_state[peer] & SIGNATURE_TO_SEND == 0 {
+        transport.try_send(peer, ctx.tag(tag), bytes)?
+    } else if len <= BUNDLE_MAX {
+        bundle.clear();
+        bundle.extend_from_slice(&ctx.signature.encode());
+        bundle.extend_from_slice(&tag.to_le_bytes());
+        bundle.extend_from_slice(bytes);
+        let sent = transport.try_send(peer, ctx.tag(SIGNATURE_TAG), bundle)?;
+        if sent {
+            signature_state[peer] &= !SIGNATURE_TO_SEND;
+        }
+        sent
+    } else {
+        if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
+            return Ok(false);
+        }
+        signature_state[peer] &= !SIGNATURE_TO_SEND;
+        transport.try_send(peer, ctx.tag(tag), bytes)?
+    };
+    if sent {
+        peer_bytes[peer][0] += len as u64;
+    }
+    Ok(sent)
 }
 
 /// Where one received message goes: reduced into or written over a region (seeded first, for

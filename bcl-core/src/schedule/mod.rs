@@ -6,6 +6,7 @@
 pub mod barrier;
 pub mod chain;
 pub mod checker;
+pub mod cost;
 pub mod direct;
 mod doubling;
 pub mod plan;
@@ -144,18 +145,6 @@ impl std::str::FromStr for Algorithm {
     }
 }
 
-/// Allreduces of at most this many bytes use recursive doubling (see the selection note in
-/// ARCHITECTURE.md for the measurements behind it).
-pub const DOUBLING_MAX_BYTES: usize = 64 << 10;
-
-/// The same limit when every link is shared memory: copies are cheap next to a step's
-/// latency there, so doubling's full-buffer exchanges win up to larger sizes (measured:
-/// 2 ranks 1 MiB rd 104 µs vs ring 128-393 µs; 4 ranks 256 KiB rd 224 vs ring 507-532,
-/// 1 MiB rd 1291-1349 vs ring 1191-1206).
-pub const DOUBLING_MAX_BYTES_SHM: usize = 512 << 10;
-/// Two ranks over shared memory: one exchange each way, up to 1 MiB.
-pub const DOUBLING_MAX_BYTES_SHM_PAIR: usize = 1 << 20;
-
 /// What the algorithm choice depends on besides the call: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fabric {
@@ -164,17 +153,13 @@ pub struct Fabric {
     pub all_shared_memory: bool,
 }
 
-/// The algorithm for `collective` over `bytes` per rank. Pure, so that every rank picks the
-/// same.
+/// The algorithm for `collective` over `bytes` (the whole buffer): for allreduce the cheaper
+/// of ring and recursive doubling by the measured cost model ([`cost`]), the ring otherwise.
+/// Pure, so that every rank picks the same.
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
-    let doubling_max = match (fabric.all_shared_memory, fabric.world) {
-        (false, _) => DOUBLING_MAX_BYTES,
-        (true, 2) => DOUBLING_MAX_BYTES_SHM_PAIR,
-        (true, _) => DOUBLING_MAX_BYTES_SHM,
-    };
     match collective {
-        Collective::AllReduce { .. } if fabric.world > 1 && bytes <= doubling_max => {
-            Algorithm::RecursiveDoubling
+        Collective::AllReduce { .. } if fabric.world > 1 => {
+            cost::cheaper_allreduce(bytes, fabric.world, cost::link_cost(fabric))
         }
         _ => Algorithm::Ring,
     }

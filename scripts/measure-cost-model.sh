@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Measures the constants of the allreduce cost model (bcl-core/src/schedule/cost.rs) for one
+# link class: bcl-bench allreduce with the ring and with recursive doubling forced, 2 and 4
+# ranks, 8 B .. 4 MiB, ROUNDS interleaved rounds (this VM flips speed: A B A B), then a
+# least-squares fit of alpha (s per step), beta (s per byte sent), gamma (s per byte reduced)
+# to the per-size medians, weighted by relative error.
+# Usage: scripts/measure-cost-model.sh tcp|shm [ROUNDS] [OUTDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+transport=${1:?tcp or shm}
+rounds=${2:-3}
+out=${3:-$(mktemp -d)}
+mkdir -p "$out"
+cargo build --release --locked -q -p bcl-bench
+for ((r = 0; r < rounds; r++)); do
+  for n in 2 4; do
+    for algo in ring rd; do
+      ./target/release/bcl-bench allreduce --nranks "$n" --transport "$transport" --algo "$algo" \
+        -b 8 -e 4M -f 4 -n 30 -w 5 -c 0 --json "$out/$transport-$n-$algo-r$r.json" >/dev/null
+    done
+  done
+done
+python3 - "$out" "$transport" <<'PY'
+import glob, json, statistics, sys
+import numpy as np
+out, transport = sys.argv[1], sys.argv[2]
+times = {}
+for f in glob.glob(f"{out}/{transport}-*-r*.json"):
+    n, algo = f.split("/")[-1].split("-")[1:3]
+    for line in open(f):
+        o = json.loads(line)
+        if o["in_place"]:
+            continue
+        times.setdefault((int(n), algo, o["size_bytes"]), []).append(o["time_us"] * 1e-6)
+
+def coefficients(p, algo, size):
+    if algo == "ring":
+        c = size / p
+        return 2 * (p - 1), 2 * (p - 1) * c, (p - 1) * c
+    q = 1 << (p.bit_length() - 1)
+    k = q.bit_length() - 1
+    a, b, g = k, k * size, k * size
+    if q != p:
+        a, b, g = a + 2, b + 2 * size, g + size
+    return a, b, g
+
+def fit(keys, med, gamma=None):
+    """Least squares on relative error; gamma fixed when given."""
+    rows, rhs = [], []
+    for k in keys:
+        a, b, g = coefficients(*k)
+        t = med[k]
+        if gamma is None:
+            rows.append([a / t, b / t, g / t]); rhs.append(1.0)
+        else:
+            rows.append([a / t, b / t]); rhs.append(1.0 - g * gamma / t)
+    sol, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
+    return list(sol) + ([] if gamma is None else [gamma])
+
+med = {k: statistics.median(v) for k, v in times.items()}
+worlds = sorted({k[0] for k in med})
+# gamma (the reduction's cost per byte) from the 2-rank fit, where every step is one
+# exchange and the ring's half-size reductions separate it from beta; then alpha and beta
+# per world size with gamma fixed: on a small VM the per-step cost grows with the ranks per
+# core, so each measured world size gets its own.
+_, _, gamma = fit(sorted(k for k in med if k[0] == 2), med)
+print(f"# {transport}: 1/gamma = {1 / gamma / 1e9:.2f} GB/s (2-rank fit), medians of "
+      f"{len(next(iter(times.values())))} runs in {out}")
+for world in worlds:
+    keys = sorted(k for k in med if k[0] == world)
+    alpha, beta, _ = fit(keys, med, gamma)
+    print(f"# {transport} {world} ranks: alpha = {alpha * 1e6:.1f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+    print("# size  ring_us  rd_us  faster  by  model_picks")
+    for size in sorted({k[2] for k in keys}):
+        ring, rd = med[(world, "ring", size)], med[(world, "rd", size)]
+        model = {a: sum(x * y for x, y in zip(coefficients(world, a, size), (alpha, beta, gamma)))
+                 for a in ("ring", "rd")}
+        print(f"{size:8d} {ring * 1e6:8.1f} {rd * 1e6:8.1f}  {'rd' if rd < ring else 'ring':4} "
+              f"{max(ring, rd) / min(ring, rd):4.2f}  {'rd' if model['rd'] <= model['ring'] else 'ring'}")
+PY

@@ -673,28 +673,16 @@ impl Communicator {
         output: Option<&DeviceBuffer>,
         stream: &Stream,
     ) -> Result<Work> {
-        self.check_usable()?;
-        let in_place = input.is_none();
-        let need = self.validate(collective, count, dtype, in_place)?;
-        check_len("input", input.map(DeviceBuffer::len), need.0, Fit::AtLeast)?;
-        check_len(
-            "output",
-            output.map(DeviceBuffer::len),
-            need.1,
-            Fit::AtLeast,
-        )?;
-        let acc = &self.shared.accelerator;
-        let staged = acc
+        let need = self.check_device_call(collective, count, dtype, input, output)?;
+        let staged = self
+            .shared
+            .accelerator
             .stage_through_host(
                 input.zip(need.0).map(|(b, n)| b.slice(0, n)),
                 output.zip(need.1).map(|(b, n)| b.slice(0, n)),
                 stream,
             )
-            .map_err(|source| Error::Device {
-                rank: self.rank(),
-                device: acc.info().to_string(),
-                source,
-            })?;
+            .map_err(|e| self.device_error(e))?;
         let work = Arc::new(WorkState::default());
         let job = DeviceJob {
             collective,
@@ -712,6 +700,37 @@ impl Communicator {
             state: work,
             description: format!("{collective} of {count} x {dtype}"),
         })
+    }
+
+    /// Check a call on device buffers (`input: None`: in place on `output`); returns the
+    /// bytes each buffer must hold.
+    fn check_device_call(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        input: Option<&DeviceBuffer>,
+        output: Option<&DeviceBuffer>,
+    ) -> Result<(Option<usize>, Option<usize>)> {
+        self.check_usable()?;
+        let need = self.validate(collective, count, dtype, input.is_none())?;
+        check_len("input", input.map(DeviceBuffer::len), need.0, Fit::AtLeast)?;
+        check_len(
+            "output",
+            output.map(DeviceBuffer::len),
+            need.1,
+            Fit::AtLeast,
+        )?;
+        Ok(need)
+    }
+
+    /// The device error of this rank's accelerator.
+    fn device_error(&self, source: bcl_backends::DeviceError) -> Error {
+        Error::Device {
+            rank: self.rank(),
+            device: self.shared.accelerator.info().to_string(),
+            source,
+        }
     }
 
     fn send_job(&self, job: DeviceJob) -> Result<()> {
@@ -733,27 +752,13 @@ impl Communicator {
         output: Option<&DeviceBuffer>,
         stream: Option<&Stream>,
     ) -> Result<Work> {
-        self.check_usable()?;
-        let in_place = input.is_none();
-        let need = self.validate(collective, count, dtype, in_place)?;
-        check_len("input", input.map(DeviceBuffer::len), need.0, Fit::AtLeast)?;
-        check_len(
-            "output",
-            output.map(DeviceBuffer::len),
-            need.1,
-            Fit::AtLeast,
-        )?;
+        self.check_device_call(collective, count, dtype, input, output)?;
         let (after, hold) = match stream {
             None => (None, None),
             Some(stream) => {
                 let acc = &self.shared.accelerator;
-                let device_error = |source| Error::Device {
-                    rank: self.rank(),
-                    device: acc.info().to_string(),
-                    source,
-                };
-                let after = acc.record_event(stream).map_err(device_error)?;
-                let hold = acc.hold_stream(stream).map_err(device_error)?;
+                let after = acc.record_event(stream).map_err(|e| self.device_error(e))?;
+                let hold = acc.hold_stream(stream).map_err(|e| self.device_error(e))?;
                 (Some(after), Some(hold))
             }
         };

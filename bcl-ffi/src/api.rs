@@ -126,47 +126,78 @@ unsafe fn host_call(
         return unsafe { device_call(&comm, collective, count, dtype, send, recv, stream) };
     }
     no_stream(stream)?;
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let (inp, out) = collective.buffer_elems(count, world, rank);
-    let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
-    let out_bytes = byte_len(out.unwrap_or(0), dtype)?;
-    let block = byte_len(count, dtype)?.saturating_mul(rank);
-    let (s, r) = (send as usize, recv as usize);
-    // NCCL's in-place rules: the one buffer is the larger of the two.
-    let in_place = match collective {
-        Collective::AllGather => s != 0 && s == r.wrapping_add(block),
-        Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
-        Collective::Broadcast { root } => s == r || rank != root,
-        Collective::Reduce { root, .. } => s == r && rank == root,
-        _ => s != 0 && s == r,
-    };
-    if in_place {
-        let (ptr, len) = match collective {
-            Collective::ReduceScatter { .. } => (send as *mut c_void, in_bytes),
-            Collective::AllGather => (recv, out_bytes),
-            _ => (recv, in_bytes.max(out_bytes)),
-        };
+    let call = CallShape::of(&comm, collective, count, dtype, send, recv)?;
+    if let Some((address, len)) = call.in_place {
         // SAFETY: bcl.h: the in-place buffer is valid for `len` bytes.
-        let buf = unsafe { write_slice(ptr, len, "recvbuff")? };
+        let buf = unsafe { write_slice(address as *mut c_void, len, "recvbuff")? };
         return comm.run_host(collective, count, dtype, None, Some(buf));
     }
-    if overlaps(s, in_bytes, r, out_bytes) {
-        return Err(invalid(
-            "sendbuff and recvbuff overlap without being an in-place call".into(),
-        ));
-    }
-    // SAFETY: bcl.h's contract for each buffer; they do not overlap (checked above).
-    let input = if inp.is_some() {
-        Some(unsafe { read_slice(send, in_bytes, "sendbuff")? })
-    } else {
-        None
+    // SAFETY: bcl.h's contract for each buffer; they do not overlap (`CallShape::of`).
+    let input = match call.input {
+        Some(len) => Some(unsafe { read_slice(send, len, "sendbuff")? }),
+        None => None,
     };
-    let output = if out.is_some() {
-        Some(unsafe { write_slice(recv, out_bytes, "recvbuff")? })
-    } else {
-        None
+    let output = match call.output {
+        Some(len) => Some(unsafe { write_slice(recv, len, "recvbuff")? }),
+        None => None,
     };
     comm.run_host(collective, count, dtype, input, output)
+}
+
+/// What one collective call's pointers mean by NCCL's in-place rules.
+struct CallShape {
+    /// In place: the one buffer (address, bytes), the larger of the two sides.
+    in_place: Option<(usize, usize)>,
+    /// Out of place: the bytes of the send and receive buffers this rank uses.
+    input: Option<usize>,
+    output: Option<usize>,
+}
+
+impl CallShape {
+    fn of(
+        comm: &Communicator,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        send: *const c_void,
+        recv: *mut c_void,
+    ) -> Result<Self, Error> {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let (inp, out) = collective.buffer_elems(count, world, rank);
+        let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
+        let out_bytes = byte_len(out.unwrap_or(0), dtype)?;
+        let block = byte_len(count, dtype)?.saturating_mul(rank);
+        let (s, r) = (send as usize, recv as usize);
+        let in_place = match collective {
+            Collective::AllGather => s != 0 && s == r.wrapping_add(block),
+            Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
+            Collective::Broadcast { root } => s == r || rank != root,
+            Collective::Reduce { root, .. } => s == r && rank == root,
+            _ => s != 0 && s == r,
+        };
+        if in_place {
+            let buffer = match collective {
+                Collective::ReduceScatter { .. } => (s, in_bytes),
+                Collective::AllGather => (r, out_bytes),
+                _ => (r, in_bytes.max(out_bytes)),
+            };
+            return Ok(CallShape {
+                in_place: Some(buffer),
+                input: None,
+                output: None,
+            });
+        }
+        if overlaps(s, in_bytes, r, out_bytes) {
+            return Err(invalid(
+                "sendbuff and recvbuff overlap without being an in-place call".into(),
+            ));
+        }
+        Ok(CallShape {
+            in_place: None,
+            input: inp.map(|_| in_bytes),
+            output: out.map(|_| out_bytes),
+        })
+    }
 }
 
 /// A collective of a communicator on a CUDA device: `send`/`recv` are device pointers of its
@@ -188,19 +219,9 @@ unsafe fn device_call(
     recv: *mut c_void,
     stream: BclStream,
 ) -> Result<(), Error> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let (inp, out) = collective.buffer_elems(count, world, rank);
-    let in_bytes = byte_len(inp.unwrap_or(0), dtype)?;
-    let out_bytes = byte_len(out.unwrap_or(0), dtype)?;
-    let block = byte_len(count, dtype)?.saturating_mul(rank);
+    let rank = comm.rank();
+    let call = CallShape::of(comm, collective, count, dtype, send, recv)?;
     let (s, r) = (send as usize, recv as usize);
-    let in_place = match collective {
-        Collective::AllGather => s != 0 && s == r.wrapping_add(block),
-        Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
-        Collective::Broadcast { root } => s == r || rank != root,
-        Collective::Reduce { root, .. } => s == r && rank == root,
-        _ => s != 0 && s == r,
-    };
     let acc = comm.accelerator();
     let borrow = |address: usize, len: usize, what: &str| {
         if address == 0 && len > 0 {
@@ -220,22 +241,18 @@ unsafe fn device_call(
         device: acc.info().to_string(),
         source,
     })?;
-    let work = if in_place {
-        let (address, len) = match collective {
-            Collective::ReduceScatter { .. } => (s, in_bytes),
-            Collective::AllGather => (r, out_bytes),
-            _ => (r, in_bytes.max(out_bytes)),
-        };
+    let work = if let Some((address, len)) = call.in_place {
         let buffer = borrow(address, len, "recvbuff")?;
         comm.submit_staged(collective, count, dtype, None, Some(&buffer), &stream)?
     } else {
-        if overlaps(s, in_bytes, r, out_bytes) {
-            return Err(invalid(
-                "sendbuff and recvbuff overlap without being an in-place call".into(),
-            ));
-        }
-        let input = inp.map(|_| borrow(s, in_bytes, "sendbuff")).transpose()?;
-        let output = out.map(|_| borrow(r, out_bytes, "recvbuff")).transpose()?;
+        let input = call
+            .input
+            .map(|len| borrow(s, len, "sendbuff"))
+            .transpose()?;
+        let output = call
+            .output
+            .map(|len| borrow(r, len, "recvbuff"))
+            .transpose()?;
         comm.submit_staged(
             collective,
             count,

@@ -8,7 +8,7 @@
 use crate::bootstrap;
 use crate::config::{CommConfig, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
-use crate::exec::{Bindings, ExecError, Executor, Memory, OpContext};
+use crate::exec::{Bindings, ExecError, ExecScratch, Executor, Memory, OpContext};
 use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
@@ -79,6 +79,8 @@ struct Engine {
     plans: Vec<(PlanKey, Plan)>,
     host_scratch: Vec<u8>,
     device_scratch: Option<DeviceBuffer>,
+    /// The executor's vectors, reused from operation to operation.
+    exec_scratch: ExecScratch,
 }
 
 struct Shared {
@@ -342,6 +344,7 @@ impl Communicator {
                 received_from: vec![0; world],
                 plans: Vec::new(),
                 host_scratch: Vec::new(),
+                exec_scratch: ExecScratch::default(),
                 device_scratch: None,
             }),
             queued: Mutex::new(0),
@@ -1178,6 +1181,7 @@ fn run<'a>(
         plans,
         host_scratch,
         device_scratch,
+        exec_scratch,
         ..
     } = engine;
     let plan = match plans.iter().position(|(k, _)| *k == key) {
@@ -1240,7 +1244,7 @@ fn run<'a>(
     let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
     let deadline = started + timeout;
     let hang_timeout = shared.config.health.hang_timeout;
-    let mut exec = Executor::new(plan, shared.world);
+    let mut exec = Executor::reusing(plan, shared.world, std::mem::take(exec_scratch));
     let mut idle = 0u32;
     let mut idle_since = Instant::now();
     // When the current stall was handed to the health layer (once per stall).
@@ -1298,10 +1302,11 @@ fn run<'a>(
         .filter(|b| b.sent > 0 || b.received > 0)
         .collect();
     let measured = Measurements {
-        link_rates: std::mem::take(&mut exec.link_rates),
+        link_rates: exec.link_rates.clone(),
         device_bytes: exec.device_bytes,
         device_secs: exec.device_secs,
     };
+    *exec_scratch = exec.into_scratch();
     health.op_finished(
         peer_bytes,
         outcome.as_ref().err().map(|e| e.to_string()),

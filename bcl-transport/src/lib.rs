@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod keys;
 pub mod mem;
 mod poll;
 pub mod routes;

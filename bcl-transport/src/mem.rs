@@ -5,6 +5,7 @@
 //! link). Tests reach the [`Faults`] of the fabric to drop a peer, stall a link or throttle it.
 
 use crate::error::TransportError;
+use crate::keys::KeyMap;
 use crate::transport::{Capabilities, MemoryKind, PeerAddress, Received, Tag, Transport};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -25,7 +26,7 @@ struct Pending {
 
 #[derive(Default)]
 struct Inbox {
-    messages: HashMap<(usize, Tag), VecDeque<Pending>>,
+    messages: KeyMap<(usize, Tag), VecDeque<Pending>>,
 }
 
 /// Faults a test injects into the fabric.

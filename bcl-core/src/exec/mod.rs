@@ -130,17 +130,49 @@ pub struct Executor<'p> {
     downloads_ahead: Option<bool>,
 }
 
+/// The vectors an executor works in, kept between operations by whoever drives them.
+#[derive(Debug, Default)]
+pub struct ExecScratch {
+    waiting_for: Vec<usize>,
+    ready: Vec<usize>,
+    done: Vec<bool>,
+    staging: Vec<u8>,
+    bundle: Vec<u8>,
+    signature_state: Vec<u8>,
+    signature_peers: Vec<usize>,
+    peer_bytes: Vec<[u64; 2]>,
+    link_rates: Vec<(usize, f32)>,
+}
+
 /// The most device-to-host copies an executor keeps in flight ahead of their sends.
 const DOWNLOADS_AHEAD: usize = 8;
 
 impl<'p> Executor<'p> {
     pub fn new(plan: &'p Plan, world: usize) -> Self {
+        Self::reusing(plan, world, ExecScratch::default())
+    }
+
+    /// An executor that takes its vectors from `scratch` (the previous operation's, given
+    /// back by [`Executor::into_scratch`]): no allocation per operation in steady state.
+    pub fn reusing(plan: &'p Plan, world: usize, scratch: ExecScratch) -> Self {
+        let ExecScratch {
+            mut waiting_for,
+            mut ready,
+            mut done,
+            staging,
+            bundle,
+            mut signature_state,
+            mut signature_peers,
+            mut peer_bytes,
+            mut link_rates,
+        } = scratch;
         let n = plan.steps.len();
-        let mut waiting_for = vec![0; n];
-        let mut signature_state = vec![0u8; world];
-        let mut signature_peers = Vec::new();
-        for (i, step) in plan.steps.iter().enumerate() {
-            waiting_for[i] = step.deps.len();
+        waiting_for.clear();
+        waiting_for.extend(plan.steps.iter().map(|s| s.deps.len()));
+        signature_state.clear();
+        signature_state.resize(world, 0);
+        signature_peers.clear();
+        for step in &plan.steps {
             let (peer, tag, bit) = match step.action {
                 Action::Send { peer, tag, .. } => (peer, tag, SIGNATURE_TO_SEND),
                 Action::Recv { peer, tag, .. } => (peer, tag, SIGNATURE_AWAITED),
@@ -152,25 +184,46 @@ impl<'p> Executor<'p> {
             }
             signature_state[peer] |= bit;
         }
-        let ready = (0..n).filter(|i| waiting_for[*i] == 0).collect();
+        ready.clear();
+        ready.extend((0..n).filter(|i| waiting_for[*i] == 0));
+        done.clear();
+        done.resize(n, false);
+        peer_bytes.clear();
+        peer_bytes.resize(world, [0; 2]);
+        link_rates.clear();
         Executor {
             plan,
             waiting_for,
             ready,
-            done: vec![false; n],
+            done,
             finished: 0,
-            staging: Vec::new(),
-            bundle: Vec::new(),
+            staging,
+            bundle,
             carried: Vec::new(),
             signature_state,
             signature_peers,
             last_progress: Instant::now(),
-            peer_bytes: vec![[0; 2]; world],
-            link_rates: Vec::new(),
+            peer_bytes,
+            link_rates,
             device_bytes: 0,
             device_secs: 0.0,
             downloads: Vec::new(),
             downloads_ahead: None,
+        }
+    }
+
+    /// The vectors of this executor, for the next operation's (see [`Executor::reusing`]).
+    pub fn into_scratch(self) -> ExecScratch {
+        ExecScratch {
+            waiting_for: self.waiting_for,
+            ready: self.ready,
+            done: self.done,
+            staging: self.staging,
+            bundle: self.bundle,
+            signature_state: self.signature_state,
+            signature_peers: self.signature_peers,
+            peer_bytes: self.peer_bytes,
+            link_rates: self.link_rates,
         }
     }
 

@@ -28,11 +28,12 @@ pub use connect::reclaim_stale;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
+use crate::keys::KeyMap;
 use crate::transport::{
     Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use ring::{Consumer, Producer};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
@@ -110,7 +111,7 @@ pub struct ShmTransport {
     doorbell: UnixDatagram,
     /// By rank; `None` for ranks this endpoint is not connected with.
     peers: Vec<Option<Peer>>,
-    inbox: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    inbox: KeyMap<(usize, Tag), VecDeque<Vec<u8>>>,
     pool: Vec<Vec<u8>>,
     /// Ring names this endpoint created and has not unlinked yet.
     created: Vec<String>,
@@ -173,7 +174,7 @@ impl ShmTransport {
             id,
             doorbell,
             peers: Vec::new(),
-            inbox: HashMap::new(),
+            inbox: KeyMap::default(),
             pool: Vec::new(),
             created: Vec::new(),
         })

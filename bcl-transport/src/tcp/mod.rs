@@ -14,11 +14,12 @@ mod connect;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
+use crate::keys::KeyMap;
 use crate::transport::{
     Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use codec::{FrameDecoder, HEADER_LEN, encode_header};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -94,8 +95,8 @@ pub struct TcpTransport {
     capabilities: Capabilities,
     listener: TcpListener,
     address: PeerAddress,
-    peers: HashMap<usize, Peer>,
-    inbox: HashMap<(usize, Tag), VecDeque<Arrived>>,
+    peers: KeyMap<usize, Peer>,
+    inbox: KeyMap<(usize, Tag), VecDeque<Arrived>>,
     pool: Vec<Vec<u8>>,
     /// Which sockets have something to read, checked once per progress round.
     readable: crate::poll::ReadableSet,
@@ -145,8 +146,8 @@ impl TcpTransport {
             capabilities,
             listener,
             address,
-            peers: HashMap::new(),
-            inbox: HashMap::new(),
+            peers: KeyMap::default(),
+            inbox: KeyMap::default(),
             pool: Vec::new(),
             readable: Default::default(),
         })

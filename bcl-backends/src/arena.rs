@@ -130,6 +130,25 @@ impl Arena {
         Ok(f(&mut bytes[range]))
     }
 
+    /// A writer of `len` bytes at `offset` of `buffer` that outlives this borrow (the sim
+    /// backend's staged collectives write their result when they finish).
+    pub(crate) fn writer(
+        &self,
+        buffer: &DeviceBuffer,
+        offset: usize,
+    ) -> Result<impl FnOnce(&[u8]) + Send + 'static, DeviceError> {
+        self.owns(buffer.device_uid(), "buffer")?;
+        let (buffers, id, handle) = (self.buffers.clone(), buffer.id(), buffer.clone());
+        Ok(move |data: &[u8]| {
+            let _keep_alive = &handle;
+            if let Some(bytes) = buffers.map.lock().get_mut(&id)
+                && let Some(dst) = bytes.get_mut(offset..offset + data.len())
+            {
+                dst.copy_from_slice(data);
+            }
+        })
+    }
+
     /// Copy `src` to `dst` inside the arena.
     pub(crate) fn copy_within(
         &self,

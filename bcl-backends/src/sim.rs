@@ -9,7 +9,7 @@
 
 use crate::accelerator::{
     Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Event,
-    Stream, Vendor, new_device_uid,
+    HostStaged, Stream, Vendor, new_device_uid,
 };
 use crate::arena::Arena;
 use crate::dtype::{DataType, ReduceOp};
@@ -176,5 +176,76 @@ impl Accelerator for SimDevice {
 
     fn synchronize(&self, stream: &Stream) -> Result<(), DeviceError> {
         self.arena.check_stream(stream)
+    }
+
+    /// The sim device's streams never run ahead, so staging is immediate: the mirrors are
+    /// copies made now, and finishing writes the output mirror back. Lets the staged path
+    /// of the core (what the C ABI uses for GPUs) run on machines without one.
+    fn stage_through_host(
+        &self,
+        input: Option<DeviceSlice<'_>>,
+        output: Option<DeviceSlice<'_>>,
+        stream: &Stream,
+    ) -> Result<Box<dyn HostStaged>, DeviceError> {
+        self.arena.check_stream(stream)?;
+        let copy = |s: DeviceSlice<'_>| self.arena.with_mut(s, |b| b.to_vec());
+        let input_mirror = input.map(copy).transpose()?;
+        let (output_mirror, upload) = match output {
+            Some(o) => (
+                Some(copy(o)?),
+                Some(Box::new(self.arena.writer(o.buffer, o.offset)?)
+                    as Box<dyn FnOnce(&[u8]) + Send>),
+            ),
+            None => (None, None),
+        };
+        let bytes =
+            input_mirror.as_ref().map_or(0, Vec::len) + output_mirror.as_ref().map_or(0, Vec::len);
+        self.pace(bytes, self.config.copy_gbps);
+        Ok(Box::new(SimStaged {
+            input: input_mirror,
+            output: output_mirror,
+            upload,
+        }))
+    }
+}
+
+/// Writes a staged collective's output back into device memory.
+type Upload = Box<dyn FnOnce(&[u8]) + Send>;
+
+/// A collective staged through host memory on the sim device.
+struct SimStaged {
+    input: Option<Vec<u8>>,
+    output: Option<Vec<u8>>,
+    upload: Option<Upload>,
+}
+
+impl std::fmt::Debug for SimStaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStaged")
+            .field("input", &self.input.as_ref().map(Vec::len))
+            .field("output", &self.output.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+impl HostStaged for SimStaged {
+    fn ready(&self) -> bool {
+        true
+    }
+
+    fn buffers(&mut self) -> (Option<&[u8]>, Option<&mut [u8]>) {
+        (self.input.as_deref(), self.output.as_deref_mut())
+    }
+
+    fn finish(self: Box<Self>) {
+        drop(self);
+    }
+}
+
+impl Drop for SimStaged {
+    fn drop(&mut self) {
+        if let (Some(upload), Some(output)) = (self.upload.take(), self.output.as_ref()) {
+            upload(output);
+        }
     }
 }

@@ -12,6 +12,9 @@ pub enum Placement {
     Host,
     /// Device buffers through the enqueued device API (sim ranks: memory not host-addressable).
     Device,
+    /// Device buffers through host staging on the device's default stream
+    /// (`Communicator::submit_staged`, what the C ABI uses for GPU ranks).
+    DeviceStaged,
 }
 
 /// The buffers of one rank for one call shape.
@@ -23,6 +26,7 @@ pub struct RankBuffers<T: Element> {
     input: Vec<T>,
     output: Vec<T>,
     device: Option<(Option<DeviceBuffer>, DeviceBuffer)>,
+    staged: bool,
 }
 
 fn host_to_device<T: Element>(comm: &Communicator, host: &[T]) -> Result<DeviceBuffer> {
@@ -61,7 +65,7 @@ impl<T: Element> RankBuffers<T> {
         };
         let device = match placement {
             Placement::Host => None,
-            Placement::Device => Some((
+            Placement::Device | Placement::DeviceStaged => Some((
                 if in_place {
                     None
                 } else {
@@ -77,6 +81,7 @@ impl<T: Element> RankBuffers<T> {
             input,
             output,
             device,
+            staged: matches!(placement, Placement::DeviceStaged),
         })
     }
 
@@ -84,13 +89,15 @@ impl<T: Element> RankBuffers<T> {
     pub fn run(&mut self, comm: &Communicator) -> Result<()> {
         let (c, ip) = (self.collective, self.in_place);
         if let Some((input, output)) = &self.device {
-            if matches!(c, Collective::Send { .. }) {
+            let output = (!matches!(c, Collective::Send { .. })).then_some(output);
+            if self.staged {
+                let stream = comm.accelerator().default_stream();
                 return comm
-                    .submit(c, self.count, T::DATA_TYPE, input.as_ref(), None)?
+                    .submit_staged(c, self.count, T::DATA_TYPE, input.as_ref(), output, &stream)?
                     .wait();
             }
             return comm
-                .submit(c, self.count, T::DATA_TYPE, input.as_ref(), Some(output))?
+                .submit(c, self.count, T::DATA_TYPE, input.as_ref(), output)?
                 .wait();
         }
         let (inp, out) = (&self.input[..], &mut self.output[..]);

@@ -29,6 +29,9 @@ pub enum Setup {
     ShmCpu,
     /// Shared-memory rings, odd ranks on the simulated vendor, even on cpu.
     ShmMixed,
+    /// Shared-memory rings, odd ranks on the simulated vendor running every collective
+    /// through host staging (`submit_staged`, the C ABI's path for GPU ranks), even on cpu.
+    ShmMixedStaged,
     /// Shared-memory rings, the first `gpu_ranks` ranks on CUDA device 0 (sharing it), the
     /// others on cpu. Needs a GPU and a build with the `cuda` feature.
     ShmCuda { gpu_ranks: usize },
@@ -36,7 +39,10 @@ pub enum Setup {
 
 impl Setup {
     fn mixed(self) -> bool {
-        matches!(self, Setup::TcpMixed | Setup::ShmMixed)
+        matches!(
+            self,
+            Setup::TcpMixed | Setup::ShmMixed | Setup::ShmMixedStaged
+        )
     }
 }
 
@@ -53,7 +59,9 @@ pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
         transport: match setup {
             Setup::MemCpu => TransportKind::Auto,
             Setup::TcpCpu | Setup::TcpMixed => TransportKind::Tcp,
-            Setup::ShmCpu | Setup::ShmMixed | Setup::ShmCuda { .. } => TransportKind::Shm,
+            Setup::ShmCpu | Setup::ShmMixed | Setup::ShmMixedStaged | Setup::ShmCuda { .. } => {
+                TransportKind::Shm
+            }
         },
         init_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_secs(30),
@@ -182,7 +190,7 @@ pub fn cases(world: usize) -> Vec<Case> {
     out
 }
 
-fn exercise<T: Element>(comm: &Communicator, case: &Case) -> Result<usize, String> {
+fn exercise<T: Element>(comm: &Communicator, case: &Case, staged: bool) -> Result<usize, String> {
     let (rank, n) = (comm.rank(), comm.world_size());
     let collective = match case.collective {
         Collective::Send { .. } if rank == 0 => Collective::Send { peer: n - 1 },
@@ -192,6 +200,7 @@ fn exercise<T: Element>(comm: &Communicator, case: &Case) -> Result<usize, Strin
     };
     let placement = match comm.accelerator().info().vendor {
         Vendor::Cpu => Placement::Host,
+        _ if staged => Placement::DeviceStaged,
         _ => Placement::Device,
     };
     let mut bufs = RankBuffers::<T>::new(comm, &placement, collective, case.count, case.in_place)
@@ -202,6 +211,11 @@ fn exercise<T: Element>(comm: &Communicator, case: &Case) -> Result<usize, Strin
 
 /// Run every case on every rank; returns one line per failure (empty: all passed).
 pub fn run_cases(comms: &[Communicator], cases: &[Case]) -> Vec<String> {
+    run_cases_placed(comms, cases, false)
+}
+
+/// [`run_cases`], device ranks through host staging where `staged`.
+pub fn run_cases_placed(comms: &[Communicator], cases: &[Case], staged: bool) -> Vec<String> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .iter()
@@ -209,7 +223,8 @@ pub fn run_cases(comms: &[Communicator], cases: &[Case]) -> Vec<String> {
                 s.spawn(move || {
                     let mut failures = Vec::new();
                     for case in cases {
-                        let r = with_element_type!(case.dtype, T => exercise::<T>(comm, case));
+                        let r =
+                            with_element_type!(case.dtype, T => exercise::<T>(comm, case, staged));
                         match r {
                             Ok(0) => {}
                             Ok(wrong) => failures.push(format!(
@@ -242,7 +257,7 @@ pub fn run_cases(comms: &[Communicator], cases: &[Case]) -> Vec<String> {
 pub fn conformance(setup: Setup, world: usize) {
     let comms = communicators(setup, world);
     let cases = cases(world);
-    let failures = run_cases(&comms, &cases);
+    let failures = run_cases_placed(&comms, &cases, setup == Setup::ShmMixedStaged);
     assert!(
         failures.is_empty(),
         "{setup:?} with {world} ranks: {} of {} case-runs failed:\n{}",

@@ -39,4 +39,7 @@ suite! {
     shm_mixed_4: Setup::ShmMixed, 4;
     shm_mixed_7: Setup::ShmMixed, 7;
     shm_mixed_8: Setup::ShmMixed, 8;
+    shm_mixed_staged_2: Setup::ShmMixedStaged, 2;
+    shm_mixed_staged_3: Setup::ShmMixedStaged, 3;
+    shm_mixed_staged_4: Setup::ShmMixedStaged, 4;
 }

@@ -729,11 +729,7 @@ impl Communicator {
 
     /// The device error of this rank's accelerator.
     fn device_error(&self, source: bcl_backends::DeviceError) -> Error {
-        Error::Device {
-            rank: self.rank(),
-            device: self.shared.accelerator.info().to_string(),
-            source,
-        }
+        device_error(&self.shared, source)
     }
 
     fn send_job(&self, job: DeviceJob) -> Result<()> {
@@ -958,54 +954,35 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
-/// Wait (polling, bounded by the operation timeout) until the device has reached `event`:
-/// the caller's earlier work on its stream.
-fn wait_for_stream(shared: &Shared, event: &Event) -> Result<()> {
-    let acc = &shared.accelerator;
-    let device_error = |source| Error::Device {
+/// This rank's device error.
+fn device_error(shared: &Shared, source: bcl_backends::DeviceError) -> Error {
+    Error::Device {
         rank: shared.rank,
-        device: acc.info().to_string(),
+        device: shared.accelerator.info().to_string(),
         source,
-    };
-    let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
-    let started = Instant::now();
-    let mut pause = Duration::from_micros(1);
-    while !acc.event_complete(event).map_err(device_error)? {
-        if started.elapsed() > timeout {
-            return Err(device_error(bcl_backends::DeviceError::Stalled {
-                device: acc.info().to_string(),
-                what: format!(
-                    "the work enqueued on the caller's stream before this collective did not \
-                     finish within {timeout:?}"
-                ),
-            }));
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_micros(200));
     }
-    Ok(())
 }
 
-/// Wait (polling host memory, bounded by the operation timeout) until the caller's stream
-/// has filled a staged job's mirrors.
-fn wait_until_staged(shared: &Shared, staged: &dyn HostStaged) -> Result<()> {
+/// Wait (polling with backoff, bounded by the operation timeout) until the work the caller
+/// enqueued on its stream before this job is done, as `reached` tells.
+fn wait_for_caller_stream(
+    shared: &Shared,
+    mut reached: impl FnMut() -> Result<bool>,
+) -> Result<()> {
     let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
     let started = Instant::now();
     let mut pause = Duration::from_micros(1);
-    while !staged.ready() {
+    while !reached()? {
         if started.elapsed() > timeout {
-            let acc = &shared.accelerator;
-            return Err(Error::Device {
-                rank: shared.rank,
-                device: acc.info().to_string(),
-                source: bcl_backends::DeviceError::Stalled {
-                    device: acc.info().to_string(),
-                    what: format!(
-                        "the work enqueued on the caller's stream before this collective did \
-                         not finish within {timeout:?}"
-                    ),
-                },
-            });
+            let what = format!(
+                "the work enqueued on the caller's stream before this collective did not \
+                 finish within {timeout:?}"
+            );
+            let device = shared.accelerator.info().to_string();
+            return Err(device_error(
+                shared,
+                bcl_backends::DeviceError::Stalled { device, what },
+            ));
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_micros(100));
@@ -1013,9 +990,38 @@ fn wait_until_staged(shared: &Shared, staged: &dyn HostStaged) -> Result<()> {
     Ok(())
 }
 
+/// Run a job whose buffers are device memory, on the device's own stream.
+fn run_on_device(shared: &Shared, job: &DeviceJob) -> Result<()> {
+    let acc = &shared.accelerator;
+    if let Some(event) = &job.after {
+        wait_for_caller_stream(shared, || {
+            acc.event_complete(event)
+                .map_err(|e| device_error(shared, e))
+        })?;
+    }
+    let bindings = Bindings {
+        input: job.input.as_ref().map(Memory::Device),
+        output: job.output.as_ref().map(Memory::Device),
+        scratch: None,
+    };
+    let mut engine = shared.engine.lock();
+    run(
+        shared,
+        &mut engine,
+        job.collective,
+        job.count,
+        job.dtype,
+        bindings,
+        true,
+    )?;
+    // The last steps may still run on the device: done means done there.
+    acc.synchronize(&acc.default_stream())
+        .map_err(|e| device_error(shared, e))
+}
+
 /// Run a job staged through host memory: no device calls on this thread.
 fn run_staged(shared: &Shared, job: &DeviceJob, staged: &mut dyn HostStaged) -> Result<()> {
-    wait_until_staged(shared, staged)?;
+    wait_for_caller_stream(shared, || Ok(staged.ready()))?;
     let (input, output) = staged.buffers();
     let bindings = Bindings {
         input: input.map(Memory::HostRead),
@@ -1036,66 +1042,21 @@ fn run_staged(shared: &Shared, job: &DeviceJob, staged: &mut dyn HostStaged) -> 
 
 fn progress_loop(shared: Arc<Shared>, jobs: Receiver<DeviceJob>) {
     while let Ok(mut job) = jobs.recv() {
-        if let Some(mut staged) = job.staged.take() {
-            let poisoned = shared
-                .poison
-                .lock()
-                .clone()
-                .or_else(|| shared.health.verdict().map(|v| v.line));
-            let result = match poisoned {
-                Some(first) => Err(Error::Poisoned(first)),
-                None => run_staged(&shared, &job, staged.as_mut()),
-            };
-            // Let the stream upload and go on (also after an error).
-            staged.finish();
-            job.work.complete(result);
-            let mut q = shared.queued.lock();
-            *q -= 1;
-            if *q == 0 {
-                shared.drained.notify_all();
-            }
-            continue;
-        }
         let poisoned = shared
             .poison
             .lock()
             .clone()
             .or_else(|| shared.health.verdict().map(|v| v.line));
-        let result = match poisoned {
-            Some(first) => Err(Error::Poisoned(first)),
-            None => job
-                .after
-                .as_ref()
-                .map_or(Ok(()), |e| wait_for_stream(&shared, e))
-                .and_then(|()| {
-                    let bindings = Bindings {
-                        input: job.input.as_ref().map(Memory::Device),
-                        output: job.output.as_ref().map(Memory::Device),
-                        scratch: None,
-                    };
-                    let mut engine = shared.engine.lock();
-                    run(
-                        &shared,
-                        &mut engine,
-                        job.collective,
-                        job.count,
-                        job.dtype,
-                        bindings,
-                        true,
-                    )
-                })
-                .and_then(|()| {
-                    // The last steps may still run on the device: done means done there.
-                    let acc = &shared.accelerator;
-                    acc.synchronize(&acc.default_stream())
-                        .map_err(|source| Error::Device {
-                            rank: shared.rank,
-                            device: acc.info().to_string(),
-                            source,
-                        })
-                }),
+        let mut staged = job.staged.take();
+        let result = match (poisoned, staged.as_mut()) {
+            (Some(first), _) => Err(Error::Poisoned(first)),
+            (None, Some(staged)) => run_staged(&shared, &job, staged.as_mut()),
+            (None, None) => run_on_device(&shared, &job),
         };
         // Let the caller's stream go on (also after an error: it must never wait for ever).
+        if let Some(staged) = staged {
+            staged.finish();
+        }
         drop(job.hold);
         job.work.complete(result);
         let mut q = shared.queued.lock();
@@ -1199,11 +1160,7 @@ fn run<'a>(
         }
     };
     let scratch_bytes = plan.scratch_elems * dtype.size();
-    let device_error = |source| Error::Device {
-        rank,
-        device: shared.accelerator.info().to_string(),
-        source,
-    };
+    let device_error = |source| device_error(shared, source);
     if scratch_bytes > 0 {
         if on_device {
             if device_scratch
@@ -1404,11 +1361,7 @@ fn exec_error(shared: &Shared, e: ExecError, op: Signature) -> Error {
             },
         },
         ExecError::Device(source) => {
-            let error = Error::Device {
-                rank,
-                device: shared.accelerator.info().to_string(),
-                source,
-            };
+            let error = device_error(shared, source);
             verdict(Cause::Aborted, vec![rank], error.to_string());
             error
         }

@@ -173,6 +173,7 @@ const DOWNLOADS_KEPT: usize = 32;
 
 /// A device-to-host copy in flight into a pinned buffer of the device's pool.
 struct PinnedDownload {
+    device: String,
     buffer: Option<Arc<driver::Pinned>>,
     len: usize,
     landed: CudaEvent,
@@ -192,7 +193,7 @@ impl Download for PinnedDownload {
         self.landed
             .try_is_complete()
             .map_err(|e| DeviceError::Driver {
-                device: "cuda".into(),
+                device: self.device.clone(),
                 call: "cuEventQuery",
                 reason: format!("{e:?}"),
             })
@@ -889,20 +890,7 @@ impl Accelerator for CudaDevice {
             flags.free.push(flag);
             return Err(self.driver_error("cuStreamWaitValue32")(e));
         }
-        let passed = self.passed_event(s);
-        let passed = match passed {
-            Ok(p) => p,
-            Err(e) => {
-                // The wait is enqueued: release it before giving the flag back.
-                driver::set_flag(&self.flag_words, flag, value);
-                return Err(e);
-            }
-        };
-        flags.retiring.push(Retiring {
-            flags: vec![flag],
-            _mirrors: Vec::new(),
-            passed,
-        });
+        self.retire_after(s, &mut flags, vec![flag], Vec::new(), (flag, value), Ok(()))?;
         let words = self.flag_words.clone();
         Ok(StreamHold::new(move || {
             driver::set_flag(&words, flag, value)
@@ -938,6 +926,7 @@ impl Accelerator for CudaDevice {
         }
         let landed = self.passed_event(s)?;
         Ok(Some(Box::new(PinnedDownload {
+            device: self.name.clone(),
             buffer: Some(buffer),
             len,
             landed,
@@ -989,21 +978,16 @@ impl Accelerator for CudaDevice {
                         .map_err(self.driver_error("cuMemcpyHtoDAsync"))
                 })?;
             }
-            self.passed_event(s)
+            Ok(())
         })();
-        let passed = match enqueued {
-            Ok(p) => p,
-            Err(e) => {
-                // Whatever was enqueued must not wait for ever.
-                driver::set_flag(&self.flag_words, done_flag, value);
-                return Err(e);
-            }
-        };
-        flags.retiring.push(Retiring {
-            flags: vec![ready_flag, done_flag],
-            _mirrors: in_mirror.iter().chain(out_mirror.iter()).cloned().collect(),
-            passed,
-        });
+        self.retire_after(
+            s,
+            &mut flags,
+            vec![ready_flag, done_flag],
+            in_mirror.iter().chain(out_mirror.iter()).cloned().collect(),
+            (done_flag, value),
+            enqueued,
+        )?;
         Ok(Box::new(Staged {
             input: in_mirror
                 .zip(input)
@@ -1049,6 +1033,35 @@ impl CudaDevice {
             driver::set_flag(&self.flag_words, flag, value.wrapping_sub(1));
         }
         Ok(taken)
+    }
+
+    /// After work using `used` flags (and `mirrors`) was enqueued on `stream` (`enqueued`),
+    /// record the event after which they retire. On failure store `value` into the flag of
+    /// `release`, so that nothing already enqueued waits for ever; the flags then stay out of
+    /// use (the stream may still touch them).
+    fn retire_after(
+        &self,
+        stream: &CudaStream,
+        flags: &mut Flags,
+        used: Vec<usize>,
+        mirrors: Vec<Arc<driver::Pinned>>,
+        (release, value): (usize, u32),
+        enqueued: Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
+        match enqueued.and_then(|()| self.passed_event(stream)) {
+            Ok(passed) => {
+                flags.retiring.push(Retiring {
+                    flags: used,
+                    _mirrors: mirrors,
+                    passed,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                driver::set_flag(&self.flag_words, release, value);
+                Err(e)
+            }
+        }
     }
 
     /// The value the next hold or staged collective waits for: each its own, so a late store

@@ -46,6 +46,21 @@ pub enum TransportError {
     /// An address given to the transport is malformed.
     #[error("bad peer address for rank {peer}: {reason}")]
     BadAddress { peer: usize, reason: String },
+    /// A transport cannot run on this machine (no library, no device, no active port).
+    #[error("{transport} unavailable: {reason}")]
+    Unavailable {
+        transport: &'static str,
+        reason: String,
+    },
+    /// An RDMA link failed: an error completion (retry exceeded, remote access error) or a
+    /// verbs call refused on the queue pair towards the peer.
+    #[error("RDMA link rank {local} -> rank {peer} on {device} failed: {what}")]
+    LinkFailed {
+        local: usize,
+        peer: usize,
+        device: String,
+        what: String,
+    },
     /// A fault injected by a test through the in-process transport.
     #[error("link rank {from} -> rank {to}: injected fault: {what}")]
     Injected {
@@ -64,7 +79,8 @@ impl TransportError {
             | TransportError::Protocol { peer, .. }
             | TransportError::UnknownPeer { peer }
             | TransportError::TooLarge { peer, .. }
-            | TransportError::BadAddress { peer, .. } => Some(*peer),
+            | TransportError::BadAddress { peer, .. }
+            | TransportError::LinkFailed { peer, .. } => Some(*peer),
             TransportError::Injected { to, .. } => Some(*to),
             _ => None,
         }

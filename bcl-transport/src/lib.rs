@@ -17,6 +17,8 @@ pub mod error;
 pub mod keys;
 pub mod mem;
 mod poll;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod routes;
 pub mod shm;
 pub mod store;

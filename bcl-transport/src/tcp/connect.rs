@@ -10,7 +10,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const AUTH_CONTEXT: &[u8] = b"bcl-tcp-v1";
+/// The handshake context of the TCP transport's data connections; other users of these
+/// functions (the rdma transport's setup socket) pass their own, so the two never mix.
+pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-tcp-v1";
 /// The longest a single stranger can hold one accept slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
@@ -32,6 +34,7 @@ pub(crate) fn dial(
     peer: usize,
     index: usize,
     deadline: Instant,
+    context: &[u8],
 ) -> Result<TcpStream, TransportError> {
     let io = |op, source| TransportError::Io {
         op,
@@ -53,7 +56,7 @@ pub(crate) fn dial(
     stream
         .set_write_timeout(limit)
         .map_err(|e| io("configure", e))?;
-    exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| TransportError::Handshake {
+    exchange::client(&mut stream, secret, context).map_err(|e| TransportError::Handshake {
         addr: format!("rank {peer} ({addr})"),
         reason: e.to_string(),
     })?;
@@ -79,12 +82,13 @@ fn admit(
     secret: &Secret,
     local_rank: usize,
     expected: &HashSet<(usize, usize)>,
+    context: &[u8],
 ) -> Result<Established, String> {
     stream
         .set_read_timeout(Some(HANDSHAKE_LIMIT))
         .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_LIMIT)))
         .map_err(|e| e.to_string())?;
-    exchange::server(&mut stream, secret, AUTH_CONTEXT).map_err(|e| e.to_string())?;
+    exchange::server(&mut stream, secret, context).map_err(|e| e.to_string())?;
     let mut intro = [0u8; 12];
     stream.read_exact(&mut intro).map_err(|e| e.to_string())?;
     let word = |i: usize| {
@@ -109,6 +113,7 @@ pub(crate) fn accept_all(
     local_rank: usize,
     expected: HashSet<(usize, usize)>,
     deadline: Instant,
+    context: &'static [u8],
 ) -> Result<Vec<Established>, TransportError> {
     let setup = |source| TransportError::Setup {
         what: format!("rank {local_rank} accepting connections"),
@@ -126,7 +131,8 @@ pub(crate) fn accept_all(
                     let expected = expected.clone();
                     std::thread::spawn(move || {
                         let _ = stream.set_nonblocking(false);
-                        let _ = tx.send((from, admit(stream, &secret, local_rank, &expected)));
+                        let _ =
+                            tx.send((from, admit(stream, &secret, local_rank, &expected, context)));
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,

@@ -10,7 +10,7 @@
 //! nothing it sent is left unread.
 
 pub mod codec;
-mod connect;
+pub(crate) mod connect;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
@@ -289,12 +289,27 @@ impl Transport for TcpTransport {
             })?;
         let secret = self.config.secret;
         let acceptor = std::thread::spawn(move || {
-            connect::accept_all(&listener, secret, local_rank, inbound, deadline)
+            connect::accept_all(
+                &listener,
+                secret,
+                local_rank,
+                inbound,
+                deadline,
+                connect::AUTH_CONTEXT,
+            )
         });
         let mut established = Vec::new();
         let mut dial_error = None;
         for (peer, index, sa) in outbound {
-            match connect::dial(sa, &self.config.secret, local_rank, peer, index, deadline) {
+            match connect::dial(
+                sa,
+                &self.config.secret,
+                local_rank,
+                peer,
+                index,
+                deadline,
+                connect::AUTH_CONTEXT,
+            ) {
                 Ok(s) => established.push((peer, index, s)),
                 Err(e) => {
                     dial_error = Some(e);

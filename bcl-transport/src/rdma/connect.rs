@@ -1,0 +1,227 @@
+//! Connection setup for the rdma transport: one authenticated socket per pair of ranks (the
+//! lower rank dials), over which the two swap their [`ConnectionRecord`]s, bring their queue
+//! pairs to RTS, post their receive tokens and then say "ready", so no write can arrive before
+//! its receiver is prepared.
+//!
+//! Every socket is written before any is read, in each phase: no two ranks can wait on each
+//! other in a cycle, whatever order their peers are listed in.
+
+use super::verbs::{QueuePair, Region};
+use super::wire::{ConnectionRecord, RECORD_LEN};
+use super::{RdmaTransport, WR_RECV, wr_id};
+use crate::error::TransportError;
+use crate::tcp::connect::{accept_all, dial};
+use crate::transport::PeerAddress;
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const AUTH_CONTEXT: &[u8] = b"bcl-rdma-setup-v1";
+const READY: &[u8; 2] = b"RD";
+
+/// One peer's connected link.
+pub(super) struct Link {
+    pub qp: QueuePair,
+    pub send_slots: Region,
+    pub ring: Region,
+    pub remote: ConnectionRecord,
+    pub socket: TcpStream,
+    pub addr: String,
+}
+
+fn parse_addr(peer: usize, addr: &PeerAddress) -> Result<SocketAddr, TransportError> {
+    std::str::from_utf8(addr.as_bytes())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| TransportError::BadAddress {
+            peer,
+            reason: format!("{addr:?} is not an rdma setup address (ip:port)"),
+        })
+}
+
+pub(super) fn connect_all(
+    t: &RdmaTransport,
+    local_rank: usize,
+    peers: &[(usize, PeerAddress)],
+    deadline: Instant,
+) -> Result<Vec<(usize, Link)>, TransportError> {
+    let mut inbound = HashSet::new();
+    let mut outbound = Vec::new();
+    let mut addrs = Vec::new();
+    for (peer, addr) in peers {
+        let sa = parse_addr(*peer, addr)?;
+        addrs.push((*peer, sa));
+        if *peer < local_rank {
+            inbound.insert((*peer, 0));
+        } else if *peer > local_rank {
+            outbound.push((*peer, sa));
+        }
+    }
+    let listener = t
+        .listener
+        .try_clone()
+        .map_err(|source| TransportError::Setup {
+            what: "cloning the rdma setup listener".into(),
+            source,
+        })?;
+    let secret = t.config.secret;
+    let acceptor = std::thread::spawn(move || {
+        accept_all(
+            &listener,
+            secret,
+            local_rank,
+            inbound,
+            deadline,
+            AUTH_CONTEXT,
+        )
+    });
+    let mut sockets = Vec::new();
+    let mut dial_error = None;
+    for (peer, sa) in outbound {
+        match dial(sa, &secret, local_rank, peer, 0, deadline, AUTH_CONTEXT) {
+            Ok(s) => sockets.push((peer, s)),
+            Err(e) => {
+                dial_error = Some(e);
+                break;
+            }
+        }
+    }
+    let accepted = acceptor.join().map_err(|_| TransportError::Setup {
+        what: "the rdma setup accept thread panicked".into(),
+        source: std::io::Error::other("panic"),
+    })?;
+    if let Some(e) = dial_error {
+        return Err(e);
+    }
+    sockets.extend(accepted?.into_iter().map(|(peer, _, s)| (peer, s)));
+    sockets.sort_by_key(|(peer, _)| *peer);
+
+    let slots = t.config.slots;
+    let slot_bytes = t.config.slot_bytes();
+    let failed = |peer: usize, e: super::verbs::VerbsError| t.link_failed(peer, e.0);
+    // Phase 1: resources and records out.
+    let mut half = Vec::new();
+    for (peer, mut socket) in sockets {
+        let addr = addrs
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map(|(_, a)| a.to_string())
+            .unwrap_or_default();
+        let io = |op, source| TransportError::Io {
+            op,
+            peer,
+            addr: addr.clone(),
+            source,
+        };
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        socket
+            .set_read_timeout(Some(limit))
+            .and_then(|_| socket.set_write_timeout(Some(limit)))
+            .map_err(|e| io("configure the setup socket", e))?;
+        let qp = t
+            .device
+            .create_qp(2 * slots, 2 * slots)
+            .map_err(|e| failed(peer, e))?;
+        let ring_len = slots as usize * slot_bytes;
+        let ring = t
+            .device
+            .register(ring_len, true)
+            .map_err(|e| failed(peer, e))?;
+        let send_slots = t
+            .device
+            .register(ring_len, false)
+            .map_err(|e| failed(peer, e))?;
+        let record = ConnectionRecord {
+            endpoint: t.device.endpoint(&qp),
+            ring_addr: ring.addr(),
+            ring_rkey: ring.rkey(),
+            slots,
+            slot_bytes: slot_bytes as u32,
+        };
+        socket
+            .write_all(&record.encode())
+            .map_err(|e| io("send the rdma connection record", e))?;
+        half.push((peer, socket, addr, qp, ring, send_slots));
+    }
+    // Phase 2: records in, QPs to RTS, receive tokens posted, "ready" out.
+    let mut links = Vec::new();
+    for (peer, mut socket, addr, qp, ring, send_slots) in half {
+        let io = |op, source| TransportError::Io {
+            op,
+            peer,
+            addr: addr.clone(),
+            source,
+        };
+        let mut bytes = [0u8; RECORD_LEN];
+        socket
+            .read_exact(&mut bytes)
+            .map_err(|e| io("receive the rdma connection record", e))?;
+        let remote =
+            ConnectionRecord::decode(&bytes).map_err(|reason| TransportError::Protocol {
+                peer,
+                addr: addr.clone(),
+                reason: format!("bad rdma connection record: {reason}"),
+            })?;
+        if remote.slots != slots || remote.slot_bytes as usize != slot_bytes {
+            return Err(TransportError::Protocol {
+                peer,
+                addr: addr.clone(),
+                reason: format!(
+                    "its ring is {} slots of {} bytes, this rank's {slots} of {slot_bytes}: both must use the same rdma settings",
+                    remote.slots, remote.slot_bytes
+                ),
+            });
+        }
+        qp.connect(&remote.endpoint, t.config.ack_timeout, t.config.retries)
+            .map_err(|e| failed(peer, e))?;
+        for _ in 0..2 * slots {
+            qp.post_recv(wr_id(peer, WR_RECV))
+                .map_err(|e| failed(peer, e))?;
+        }
+        socket
+            .write_all(READY)
+            .map_err(|e| io("send rdma ready", e))?;
+        links.push((
+            peer,
+            Link {
+                qp,
+                send_slots,
+                ring,
+                remote,
+                socket,
+                addr,
+            },
+        ));
+    }
+    // Phase 3: every peer ready.
+    for (peer, link) in links.iter_mut() {
+        let mut ready = [0u8; 2];
+        link.socket
+            .read_exact(&mut ready)
+            .map_err(|source| TransportError::Io {
+                op: "receive rdma ready",
+                peer: *peer,
+                addr: link.addr.clone(),
+                source,
+            })?;
+        if &ready != READY {
+            return Err(TransportError::Protocol {
+                peer: *peer,
+                addr: link.addr.clone(),
+                reason: format!("expected rdma ready, got {ready:02x?}"),
+            });
+        }
+        link.socket
+            .set_nonblocking(true)
+            .map_err(|source| TransportError::Io {
+                op: "configure the setup socket",
+                peer: *peer,
+                addr: link.addr.clone(),
+                source,
+            })?;
+    }
+    Ok(links)
+}

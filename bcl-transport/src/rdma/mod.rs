@@ -1,0 +1,763 @@
+//! `rdma`: RDMA verbs over reliable-connected queue pairs, one per peer (feature `rdma`).
+//!
+//! Setup (`connect`): every pair of ranks opens one authenticated TCP socket (the tcp
+//! transport's handshake, under its own context) and swaps a [`wire::ConnectionRecord`]: QP
+//! number, PSN, GID, LID, MTU and the address and key of the ring of slots the peer may write.
+//! The socket stays open: its closing is how a dead peer is noticed without waiting for a retry
+//! timeout.
+//!
+//! Data path: `try_send` cuts a message into chunks of at most one slot and copies each into a
+//! registered send slot; each chunk goes to the peer's ring as an RDMA WRITE with immediate data
+//! (the chunk's sequence number), into slot `sequence % slots`. The receiver copies the chunk
+//! out, frees the slot and returns the credit with a zero-length WRITE with immediate (the
+//! number of slots freed so far). A sender never has more chunks unacknowledged than the ring has
+//! slots, so a write never lands on unread bytes. Each QP keeps `2 · slots` receive tokens
+//! posted: at most `slots` data writes and `slots` credit returns can be in flight towards it.
+//! Waiting: a bounded busy poll of the completion queue, then `poll(2)` on the completion
+//! channel and the setup sockets.
+//!
+//! Error completions (retry exceeded, remote access error) become
+//! [`TransportError::LinkFailed`], naming both ranks and the device and port.
+
+mod connect;
+pub mod verbs;
+pub mod wire;
+
+use crate::auth::Secret;
+use crate::error::TransportError;
+use crate::keys::KeyMap;
+use crate::transport::{
+    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use verbs::{Completion, Device, QueuePair, Region, Verbs};
+use wire::{ChunkHeader, ConnectionRecord, Immediate, SLOT_HEADER};
+
+/// Settings of an rdma endpoint.
+#[derive(Clone, Debug)]
+pub struct RdmaConfig {
+    /// Address of the setup socket (loopback by default).
+    pub bind_ip: IpAddr,
+    /// The communicator's secret; setup connections that cannot prove it are refused.
+    pub secret: Secret,
+    /// Device name ("mlx5_0", "rxe0"); `None`: the first device whose port is active.
+    pub device: Option<String>,
+    pub port: u8,
+    /// GID table index; `None`: the IPv4-mapped GID where there is one (RoCE v2), else 0.
+    pub gid_index: Option<u8>,
+    /// Slots in each peer's receive ring (and in this rank's send slots per peer).
+    pub slots: u32,
+    /// Chunk bytes per slot.
+    pub slot_payload: usize,
+    /// The largest message accepted.
+    pub max_message: usize,
+    /// Bytes queued towards one peer before `try_send` answers "not now".
+    pub max_queued_per_peer: usize,
+    /// How long `wait` polls the completion queue before it sleeps on the channel.
+    pub busy_poll: Duration,
+    /// Verbs ACK timeout exponent (4.096 µs · 2^n per try) and retries before an error
+    /// completion: 14 and 7 make a dead link fail in about half a second.
+    pub ack_timeout: u8,
+    pub retries: u8,
+}
+
+impl RdmaConfig {
+    pub fn new(secret: Secret) -> Self {
+        RdmaConfig {
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            secret,
+            device: None,
+            port: 1,
+            gid_index: None,
+            slots: 16,
+            slot_payload: 256 << 10,
+            max_message: 64 << 20,
+            max_queued_per_peer: 16 << 20,
+            busy_poll: Duration::from_micros(20),
+            ack_timeout: 14,
+            retries: 7,
+        }
+    }
+
+    fn slot_bytes(&self) -> usize {
+        SLOT_HEADER + self.slot_payload
+    }
+}
+
+/// What the verbs stack of this machine offers: the devices and their ports, or why none.
+pub fn probe() -> Result<Vec<verbs::DeviceSummary>, String> {
+    let verbs = Verbs::load().map_err(|e| e.0)?;
+    verbs.devices().map_err(|e| e.0)
+}
+
+/// A received payload and how long it took from its first chunk to its last (multi-chunk only).
+type Arrived = (Vec<u8>, Option<Duration>);
+
+struct Outgoing {
+    tag: Tag,
+    data: Vec<u8>,
+    /// Bytes already posted.
+    sent: usize,
+}
+
+struct Assembly {
+    tag: Tag,
+    data: Vec<u8>,
+    len: usize,
+    started: Instant,
+}
+
+struct Peer {
+    // Field order matters: the QP is destroyed before the regions its work requests name (the
+    // verbs module's safety contract).
+    qp: QueuePair,
+    send_slots: Region,
+    ring: Region,
+    remote: ConnectionRecord,
+    socket: TcpStream,
+    addr: String,
+    outgoing: VecDeque<Outgoing>,
+    queued: usize,
+    /// Data chunks posted, completed locally, and freed by the peer (credits).
+    posted: u64,
+    send_done: u64,
+    credited: u64,
+    credit_writes: u32,
+    /// Data chunks received, slots freed, and the freed count last reported to the peer.
+    received: u64,
+    freed: u64,
+    reported: u64,
+    assembling: Option<Assembly>,
+    closed: bool,
+}
+
+const WR_DATA: u64 = 0;
+const WR_CREDIT: u64 = 1;
+const WR_RECV: u64 = 2;
+
+fn wr_id(peer: usize, kind: u64) -> u64 {
+    ((peer as u64) << 8) | kind
+}
+
+/// An rdma endpoint of one rank.
+pub struct RdmaTransport {
+    config: RdmaConfig,
+    capabilities: Capabilities,
+    listener: TcpListener,
+    address: PeerAddress,
+    device: Device,
+    local_rank: usize,
+    peers: KeyMap<usize, Peer>,
+    by_qp: KeyMap<u32, usize>,
+    inbox: KeyMap<(usize, Tag), VecDeque<Arrived>>,
+    pool: Vec<Vec<u8>>,
+    completions: Vec<Completion>,
+    last_socket_check: Instant,
+}
+
+impl std::fmt::Debug for RdmaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RdmaTransport({:?}, {}, {} peers)",
+            self.address,
+            self.device.label(),
+            self.peers.len()
+        )
+    }
+}
+
+const POOL_LIMIT: usize = 256;
+/// How often an idle transport looks at its setup sockets for a peer that went away.
+const SOCKET_CHECK: Duration = Duration::from_millis(10);
+
+impl RdmaTransport {
+    /// Open the device and listen for setup connections. Err: no libibverbs, no device, no
+    /// active port ("rdma unavailable: …").
+    pub fn bind(config: RdmaConfig) -> Result<Self, TransportError> {
+        let unavailable = |reason: String| TransportError::Unavailable {
+            transport: "rdma",
+            reason,
+        };
+        let verbs = Verbs::load().map_err(|e| unavailable(e.0))?;
+        let device = open_device(&verbs, &config).map_err(|e| unavailable(e.0))?;
+        let listener = TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
+            TransportError::Setup {
+                what: format!("binding the rdma setup listener on {}", config.bind_ip),
+                source,
+            }
+        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| TransportError::Setup {
+                what: "reading the rdma setup listener's address".into(),
+                source,
+            })?;
+        let address = PeerAddress::new(local.to_string().into_bytes())
+            .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
+        let capabilities = Capabilities {
+            name: "rdma",
+            max_message: config.max_message,
+            max_queued_per_peer: config.max_queued_per_peer,
+            memory: &[MemoryKind::Host],
+        };
+        Ok(RdmaTransport {
+            config,
+            capabilities,
+            listener,
+            address,
+            device,
+            local_rank: 0,
+            peers: KeyMap::default(),
+            by_qp: KeyMap::default(),
+            inbox: KeyMap::default(),
+            pool: Vec::new(),
+            completions: Vec::new(),
+            last_socket_check: Instant::now(),
+        })
+    }
+
+    /// "rxe0 port 1".
+    pub fn device_label(&self) -> String {
+        self.device.label()
+    }
+
+    fn link_failed(&self, peer: usize, what: String) -> TransportError {
+        TransportError::LinkFailed {
+            local: self.local_rank,
+            peer,
+            device: self.device.label(),
+            what,
+        }
+    }
+
+    fn verbs_error(&self, peer: usize, e: verbs::VerbsError) -> TransportError {
+        self.link_failed(peer, e.0)
+    }
+
+    /// Take what the completion queue holds into `self.completions`.
+    fn drain(&mut self) -> Result<(), TransportError> {
+        self.device
+            .poll(&mut self.completions, 256)
+            .map_err(|e| TransportError::Setup {
+                what: e.0,
+                source: io::Error::other("completion queue"),
+            })?;
+        Ok(())
+    }
+
+    /// Act on every taken completion. Returns whether any was taken.
+    fn handle_completions(&mut self) -> Result<bool, TransportError> {
+        if self.completions.is_empty() {
+            return Ok(false);
+        }
+        let mut completions = std::mem::take(&mut self.completions);
+        let mut result = Ok(());
+        for c in completions.drain(..) {
+            if result.is_err() {
+                break;
+            }
+            result = self.handle(c);
+        }
+        self.completions = completions;
+        result.map(|_| true)
+    }
+
+    fn handle(&mut self, c: Completion) -> Result<(), TransportError> {
+        let peer = (c.wr_id >> 8) as usize;
+        let kind = c.wr_id & 0xff;
+        if let Some(status) = c.failed {
+            let what = match kind {
+                WR_RECV => "receive",
+                WR_CREDIT => "credit return",
+                _ => "write",
+            };
+            let text = self.device.status_text(status);
+            let remote_qp = self.peers.get(&peer).map(|p| p.remote.endpoint.qp_num);
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.closed = true;
+            }
+            return Err(self.link_failed(
+                peer,
+                format!(
+                    "{what} completed with error: {text} (status {status}, remote QP {remote_qp:?})"
+                ),
+            ));
+        }
+        let slot_bytes = self.config.slot_bytes();
+        let max_message = self.config.max_message;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Err(TransportError::UnknownPeer { peer });
+        };
+        match kind {
+            WR_DATA => p.send_done += 1,
+            WR_CREDIT => p.credit_writes -= 1,
+            _ => {
+                if let Err(e) = p.qp.post_recv(wr_id(peer, WR_RECV)) {
+                    return Err(self.verbs_error(peer, e));
+                }
+                match Immediate::decode(c.imm.unwrap_or(0)) {
+                    Immediate::Credit(freed) => {
+                        p.credited = wire::advance_counter(p.credited, freed);
+                        if p.credited > p.posted {
+                            let addr = p.addr.clone();
+                            return Err(TransportError::Protocol {
+                                peer,
+                                addr,
+                                reason: format!(
+                                    "credits for {} chunks when {} were sent",
+                                    p.credited, p.posted
+                                ),
+                            });
+                        }
+                    }
+                    Immediate::Data(seq) => {
+                        let r =
+                            receive_chunk(p, peer, seq, slot_bytes, max_message, &mut self.pool);
+                        match r {
+                            Ok(Some((tag, arrived))) => self
+                                .inbox
+                                .entry((peer, tag))
+                                .or_default()
+                                .push_back(arrived),
+                            Ok(None) => {}
+                            Err(reason) => {
+                                let addr = p.addr.clone();
+                                return Err(TransportError::Protocol { peer, addr, reason });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Post what the peers' credits allow: data chunks, then credit returns.
+    fn pump(&mut self) -> Result<bool, TransportError> {
+        let slots = u64::from(self.config.slots);
+        let slot_bytes = self.config.slot_bytes();
+        let payload = self.config.slot_payload;
+        let mut moved = false;
+        let mut failure = None;
+        for (&peer, p) in self.peers.iter_mut() {
+            if p.closed {
+                continue;
+            }
+            while has_room(p.posted, p.credited, p.send_done, slots) {
+                let Some(mut front) = p.outgoing.pop_front() else {
+                    break;
+                };
+                let chunk = (front.data.len() - front.sent).min(payload);
+                let header = ChunkHeader {
+                    tag: front.tag,
+                    message_len: front.data.len() as u32,
+                    chunk_len: chunk as u32,
+                };
+                let bytes = &front.data[front.sent..front.sent + chunk];
+                if let Err(e) = post_chunk(p, peer, &header, bytes, slots, slot_bytes) {
+                    p.outgoing.push_front(front);
+                    failure = Some((peer, e));
+                    break;
+                }
+                moved = true;
+                front.sent += chunk;
+                p.queued -= chunk;
+                if front.sent < front.data.len() {
+                    p.outgoing.push_front(front);
+                } else if self.pool.len() < POOL_LIMIT {
+                    self.pool.push(front.data);
+                }
+            }
+            if failure.is_none() && p.freed > p.reported && u64::from(p.credit_writes) < slots {
+                let imm = Immediate::Credit(p.freed as u32).encode();
+                match p.qp.post_write_with_imm(
+                    wr_id(peer, WR_CREDIT),
+                    None,
+                    p.remote.ring_addr,
+                    p.remote.ring_rkey,
+                    imm,
+                ) {
+                    Ok(()) => {
+                        p.credit_writes += 1;
+                        p.reported = p.freed;
+                        moved = true;
+                    }
+                    Err(e) => failure = Some((peer, e)),
+                }
+            }
+            if failure.is_some() {
+                break;
+            }
+        }
+        match failure {
+            Some((peer, e)) => Err(self.verbs_error(peer, e)),
+            None => Ok(moved),
+        }
+    }
+
+    /// Notice peers whose setup socket closed (the process died or dropped the transport).
+    fn check_sockets(&mut self) {
+        self.last_socket_check = Instant::now();
+        for p in self.peers.values_mut().filter(|p| !p.closed) {
+            let mut byte = [0u8; 1];
+            match p.socket.peek(&mut byte) {
+                Ok(0) => p.closed = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => p.closed = true,
+            }
+        }
+    }
+
+    fn peer_closed(&self, peer: usize) -> TransportError {
+        TransportError::PeerClosed {
+            peer,
+            addr: self
+                .peers
+                .get(&peer)
+                .map(|p| format!("{}, {}", p.addr, self.device.label()))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn open_device(verbs: &Arc<Verbs>, config: &RdmaConfig) -> Result<Device, verbs::VerbsError> {
+    // Per peer: `slots` data completions and `slots` credit-return completions on the send
+    // side, `2 · slots` receive completions. The CQ is sized for 64 peers and grown never: a
+    // larger world shares it, which is safe because completions are drained every progress
+    // round and each peer's credits bound its share.
+    let cq_entries = (4 * config.slots * 64).min(32767);
+    Device::open(
+        verbs,
+        config.device.as_deref(),
+        config.port,
+        config.gid_index,
+        cq_entries,
+    )
+}
+
+/// Whether another chunk may be posted: the peer has a free slot for it (credits) and this
+/// side has a send slot whose last write completed.
+fn has_room(posted: u64, credited: u64, send_done: u64, slots: u64) -> bool {
+    posted - credited < slots && posted - send_done < slots
+}
+
+/// Copy one chunk into the next send slot and write it to the peer's ring.
+fn post_chunk(
+    p: &mut Peer,
+    peer: usize,
+    header: &ChunkHeader,
+    bytes: &[u8],
+    slots: u64,
+    slot_bytes: usize,
+) -> Result<(), verbs::VerbsError> {
+    let slot = (p.posted % slots) as usize;
+    let at = slot * slot_bytes;
+    let len = SLOT_HEADER + bytes.len();
+    let target = p.send_slots.bytes_mut(at..at + len);
+    target[..SLOT_HEADER].copy_from_slice(&header.encode());
+    target[SLOT_HEADER..].copy_from_slice(bytes);
+    let remote_at = p.remote.ring_addr + (slot * slot_bytes) as u64;
+    let imm = Immediate::Data(p.posted as u32).encode();
+    p.qp.post_write_with_imm(
+        wr_id(peer, WR_DATA),
+        Some((&p.send_slots, at, len)),
+        remote_at,
+        p.remote.ring_rkey,
+        imm,
+    )?;
+    p.posted += 1;
+    Ok(())
+}
+
+/// Take the chunk that landed in the ring's next slot. `Some`: it completed a message.
+fn receive_chunk(
+    p: &mut Peer,
+    peer: usize,
+    seq: u32,
+    slot_bytes: usize,
+    max_message: usize,
+    pool: &mut Vec<Vec<u8>>,
+) -> Result<Option<(Tag, Arrived)>, String> {
+    if seq != p.received as u32 & 0x7fff_ffff {
+        return Err(format!(
+            "chunk {seq} arrived where chunk {} was next",
+            p.received & 0x7fff_ffff
+        ));
+    }
+    let slots = p.ring.len() / slot_bytes;
+    let at = (p.received % slots as u64) as usize * slot_bytes;
+    let slot = p.ring.bytes(at..at + slot_bytes);
+    let header = ChunkHeader::decode(slot, slot_bytes - SLOT_HEADER, max_message)?;
+    let chunk = &slot[SLOT_HEADER..SLOT_HEADER + header.chunk_len as usize];
+    let assembly = match p.assembling.take() {
+        Some(a) if a.tag == header.tag && a.len == header.message_len as usize => a,
+        Some(a) => {
+            return Err(format!(
+                "a chunk of tag {:#x} ({} bytes) interrupted the message of tag {:#x} ({} of {} bytes arrived)",
+                header.tag,
+                header.message_len,
+                a.tag,
+                a.data.len(),
+                a.len
+            ));
+        }
+        None => {
+            let mut data = pool.pop().unwrap_or_default();
+            data.clear();
+            data.reserve(header.message_len as usize);
+            Assembly {
+                tag: header.tag,
+                data,
+                len: header.message_len as usize,
+                started: Instant::now(),
+            }
+        }
+    };
+    let mut assembly = assembly;
+    if assembly.data.len() + chunk.len() > assembly.len || (chunk.is_empty() && assembly.len > 0) {
+        return Err(format!(
+            "chunk of {} bytes overruns the message of {} bytes (peer rank {peer})",
+            chunk.len(),
+            assembly.len
+        ));
+    }
+    assembly.data.extend_from_slice(chunk);
+    p.received += 1;
+    p.freed += 1;
+    if assembly.data.len() == assembly.len {
+        let transfer = (assembly.len > chunk.len()).then(|| assembly.started.elapsed());
+        return Ok(Some((assembly.tag, (assembly.data, transfer))));
+    }
+    p.assembling = Some(assembly);
+    Ok(None)
+}
+
+impl Transport for RdmaTransport {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn address(&self) -> &PeerAddress {
+        &self.address
+    }
+
+    fn connect(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        self.local_rank = local_rank;
+        let connected = connect::connect_all(self, local_rank, peers, deadline)?;
+        for (peer, link) in connected {
+            self.by_qp.insert(link.qp.num(), peer);
+            self.peers.insert(
+                peer,
+                Peer {
+                    qp: link.qp,
+                    send_slots: link.send_slots,
+                    ring: link.ring,
+                    remote: link.remote,
+                    socket: link.socket,
+                    addr: link.addr,
+                    outgoing: VecDeque::new(),
+                    queued: 0,
+                    posted: 0,
+                    send_done: 0,
+                    credited: 0,
+                    credit_writes: 0,
+                    received: 0,
+                    freed: 0,
+                    reported: 0,
+                    assembling: None,
+                    closed: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
+        let max = self.config.max_message;
+        let limit = self.config.max_queued_per_peer;
+        let slots = u64::from(self.config.slots);
+        let slot_bytes = self.config.slot_bytes();
+        let payload = self.config.slot_payload;
+        let closed = match self.peers.get(&peer) {
+            None => return Err(TransportError::UnknownPeer { peer }),
+            Some(p) => p.closed,
+        };
+        if closed {
+            return Err(self.peer_closed(peer));
+        }
+        if data.len() > max {
+            return Err(TransportError::TooLarge {
+                peer,
+                len: data.len(),
+                max,
+            });
+        }
+        let mut buf = self.pool.pop().unwrap_or_default();
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Err(TransportError::UnknownPeer { peer });
+        };
+        // With nothing queued and room in the ring, the chunks go straight from the caller's
+        // bytes into send slots; otherwise what is left is copied into a queued buffer. A
+        // message is at least one chunk (an empty one is a header alone).
+        let mut sent = 0;
+        let mut posted_any = false;
+        if p.outgoing.is_empty() {
+            while (!posted_any || sent < data.len())
+                && has_room(p.posted, p.credited, p.send_done, slots)
+            {
+                let chunk = (data.len() - sent).min(payload);
+                let header = ChunkHeader {
+                    tag,
+                    message_len: data.len() as u32,
+                    chunk_len: chunk as u32,
+                };
+                let bytes = &data[sent..sent + chunk];
+                if let Err(e) = post_chunk(p, peer, &header, bytes, slots, slot_bytes) {
+                    self.pool.push(buf);
+                    return Err(self.verbs_error(peer, e));
+                }
+                posted_any = true;
+                sent += chunk;
+            }
+        }
+        if posted_any && sent == data.len() {
+            self.pool.push(buf);
+            return Ok(true);
+        }
+        if p.queued > 0 && p.queued + data.len() - sent > limit {
+            self.pool.push(buf);
+            return Ok(false);
+        }
+        buf.clear();
+        buf.extend_from_slice(data);
+        p.queued += data.len() - sent;
+        p.outgoing.push_back(Outgoing {
+            tag,
+            data: buf,
+            sent,
+        });
+        Ok(true)
+    }
+
+    fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
+        if let Some(q) = self.inbox.get_mut(&(peer, tag))
+            && let Some((data, transfer)) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.inbox.remove(&(peer, tag));
+            }
+            return Ok(Some(Received {
+                peer,
+                tag,
+                data,
+                transfer,
+            }));
+        }
+        match self.peers.get(&peer) {
+            None => Err(TransportError::UnknownPeer { peer }),
+            Some(p) if p.closed => Err(self.peer_closed(peer)),
+            Some(_) => Ok(None),
+        }
+    }
+
+    fn release(&mut self, message: Received) {
+        if self.pool.len() < POOL_LIMIT {
+            self.pool.push(message.data);
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool, TransportError> {
+        self.drain()?;
+        let mut moved = self.handle_completions()?;
+        moved |= self.pump()?;
+        if !moved && self.last_socket_check.elapsed() >= SOCKET_CHECK {
+            self.check_sockets();
+        }
+        Ok(moved)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let spin_until = Instant::now() + self.config.busy_poll.min(timeout);
+        loop {
+            self.drain()?;
+            if !self.completions.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= spin_until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut fds = Vec::new();
+        let readiness = self.prepare_wait(&mut fds);
+        let slept = match readiness {
+            Readiness::Sleep => crate::poll::poll_fds(&fds, timeout),
+            _ => Ok(()),
+        };
+        self.after_wait();
+        slept.map_err(|source| TransportError::Setup {
+            what: format!(
+                "poll(2) on the completion channel of {}",
+                self.device.label()
+            ),
+            source,
+        })
+    }
+
+    fn prepare_wait(&mut self, fds: &mut Vec<(std::os::fd::RawFd, bool)>) -> Readiness {
+        if self.drain().is_err() || !self.completions.is_empty() {
+            return Readiness::Ready;
+        }
+        if self.device.arm().is_err() {
+            return Readiness::Ready;
+        }
+        // A completion that came between the drain and the arm raised no event: look again.
+        if self.drain().is_err() || !self.completions.is_empty() {
+            return Readiness::Ready;
+        }
+        fds.push((self.device.channel_fd(), false));
+        fds.extend(
+            self.peers
+                .values()
+                .filter(|p| !p.closed)
+                .map(|p| (p.socket.as_raw_fd(), false)),
+        );
+        Readiness::Sleep
+    }
+
+    fn after_wait(&mut self) {
+        self.device.take_events();
+        if self.last_socket_check.elapsed() >= SOCKET_CHECK {
+            self.check_sockets();
+        }
+    }
+
+    fn flushed(&self) -> bool {
+        self.peers
+            .values()
+            .all(|p| p.closed || (p.outgoing.is_empty() && p.send_done == p.posted))
+    }
+
+    fn peer_lost(&self, peer: usize) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|p| p.closed && p.assembling.is_none())
+            && !self.inbox.keys().any(|(from, _)| *from == peer)
+    }
+}
+
+#[cfg(test)]
+mod tests;

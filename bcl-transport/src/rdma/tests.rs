@@ -1,0 +1,291 @@
+//! Tests of the rdma transport.
+//!
+//! Outside the Soft-RoCE VM, `unavailable_where_there_is_no_device` checks the "rdma
+//! unavailable" path. The tests marked `#[ignore = "needs an RDMA device: …"]` need a verbs
+//! device; `scripts/rdma-vm.sh` runs them inside the VM (`-- --ignored rdma::`), and there
+//! `BCL_RDMA_VM=1` makes the availability test demand a device instead.
+
+use super::*;
+use std::net::TcpStream;
+use std::thread;
+
+const IN_VM: &str = "BCL_RDMA_VM";
+
+fn config() -> RdmaConfig {
+    let mut c = RdmaConfig::new(Secret::random().expect("secret"));
+    // Small slots, so that messages of a few KiB already span several chunks and a few sends
+    // exhaust the credits.
+    c.slots = 4;
+    c.slot_payload = 4096;
+    c.max_queued_per_peer = 64 << 10;
+    c
+}
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+/// `n` transports, connected to each other.
+fn connected(n: usize, config: RdmaConfig) -> Vec<RdmaTransport> {
+    let mut ts: Vec<RdmaTransport> = (0..n)
+        .map(|_| RdmaTransport::bind(config.clone()).expect("bind rdma (is this the VM?)"))
+        .collect();
+    let addresses: Vec<PeerAddress> = ts.iter().map(|t| t.address().clone()).collect();
+    thread::scope(|s| {
+        for (rank, t) in ts.iter_mut().enumerate() {
+            let peers: Vec<(usize, PeerAddress)> = addresses
+                .iter()
+                .enumerate()
+                .filter(|(p, _)| *p != rank)
+                .map(|(p, a)| (p, a.clone()))
+                .collect();
+            s.spawn(move || t.connect(rank, &peers, deadline()).expect("connect"));
+        }
+    });
+    ts
+}
+
+/// Progress every transport until `done` or a bounded time passes.
+fn drive(ts: &mut [RdmaTransport], mut done: impl FnMut(&mut [RdmaTransport]) -> bool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !done(ts) {
+        assert!(Instant::now() < until, "no progress within 60 s");
+        for t in ts.iter_mut() {
+            t.progress().expect("progress");
+        }
+    }
+}
+
+#[test]
+fn unavailable_where_there_is_no_device() {
+    let result = RdmaTransport::bind(config());
+    if std::env::var_os(IN_VM).is_some() {
+        let t = result.expect("inside the VM the rdma transport must open rxe0");
+        assert!(t.device_label().contains("port 1"), "{}", t.device_label());
+        let devices = probe().expect("probe");
+        assert!(
+            devices.iter().any(|d| d.ports.iter().any(|p| p.active)),
+            "{devices:?}"
+        );
+        return;
+    }
+    let e = result.expect_err("no RDMA device on this machine");
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            TransportError::Unavailable {
+                transport: "rdma",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        text.starts_with("rdma unavailable: ")
+            && (text.contains("no RDMA devices") || text.contains("libibverbs not available")),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_messages_of_every_size_arrive_whole_and_in_order() {
+    let mut ts = connected(2, config());
+    let payload = ts[0].config.slot_payload;
+    let sizes = [
+        0,
+        1,
+        7,
+        payload - 1,
+        payload,
+        payload + 1,
+        3 * payload + 5,
+        40_000,
+    ];
+    let message =
+        |size: usize, i: usize| -> Vec<u8> { (0..size).map(|b| (b * 31 + i * 7) as u8).collect() };
+    // Two tags interleaved, both directions at once: ordering holds per (peer, tag).
+    let mut pending: Vec<(usize, usize, Tag, Vec<u8>)> = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        for from in 0..2 {
+            pending.push((from, 1 - from, 10 + (i % 2) as Tag, message(size, i + from)));
+        }
+    }
+    let mut expected: Vec<VecDeque<Vec<u8>>> = vec![VecDeque::new(); 4];
+    let mut queue: VecDeque<_> = pending.into();
+    drive(&mut ts, |ts| {
+        while let Some((from, to, tag, data)) = queue.pop_front() {
+            if ts[from].try_send(to, tag, &data).expect("send") {
+                expected[to * 2 + (tag - 10) as usize].push_back(data);
+            } else {
+                queue.push_front((from, to, tag, data));
+                break;
+            }
+        }
+        for to in 0..2 {
+            for tag in [10, 11] {
+                while let Some(m) = ts[to].try_recv(1 - to, tag).expect("recv") {
+                    let want = expected[to * 2 + (tag - 10) as usize]
+                        .pop_front()
+                        .expect("a message arrived that was not sent");
+                    assert_eq!(m.data.len(), want.len(), "tag {tag}");
+                    assert!(m.data == want, "message of {} bytes corrupted", want.len());
+                    ts[to].release(m);
+                }
+            }
+        }
+        queue.is_empty() && expected.iter().all(|q| q.is_empty())
+    });
+    drive(&mut ts, |ts| ts.iter().all(|t| t.flushed()));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_back_pressure_then_drain_with_four_ranks() {
+    let mut ts = connected(4, config());
+    let big = vec![0xabu8; 30_000];
+    // Rank 0 sends to everyone until the transport says "not now"; nothing is received yet.
+    let mut accepted = [0usize; 4];
+    for (to, count) in accepted.iter_mut().enumerate().skip(1) {
+        while ts[0].try_send(to, 5, &big).expect("send") {
+            *count += 1;
+            assert!(*count < 100, "no back-pressure after {count} messages");
+        }
+    }
+    assert!(accepted[1..].iter().all(|&c| c >= 2), "{accepted:?}");
+    let mut got = [0usize; 4];
+    drive(&mut ts, |ts| {
+        for to in 1..4 {
+            while let Some(m) = ts[to].try_recv(0, 5).expect("recv") {
+                assert!(m.data == big);
+                got[to] += 1;
+                ts[to].release(m);
+            }
+        }
+        got[1..] == accepted[1..]
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_wait_sleeps_on_the_channel_and_wakes_for_a_message() {
+    let mut ts = connected(2, config());
+    let mut b = ts.pop().expect("b");
+    let mut a = ts.pop().expect("a");
+    let sender = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        assert!(a.try_send(1, 3, b"wake up").expect("send"));
+        let until = Instant::now() + Duration::from_secs(30);
+        while !a.flushed() {
+            assert!(Instant::now() < until);
+            a.progress().expect("progress");
+            a.wait(Duration::from_millis(50)).expect("wait");
+        }
+        a
+    });
+    let started = Instant::now();
+    let mut woke = 0;
+    let message = loop {
+        b.progress().expect("progress");
+        if let Some(m) = b.try_recv(0, 3).expect("recv") {
+            break m;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "never arrived");
+        b.wait(Duration::from_secs(10)).expect("wait");
+        woke += 1;
+    };
+    assert_eq!(message.data, b"wake up");
+    // Slept on the channel rather than spinning: a handful of wake-ups, not thousands.
+    assert!(woke < 50, "woke {woke} times");
+    drop(sender.join().expect("sender"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_bad_remote_key_is_a_link_failure_naming_ranks_and_device() {
+    let mut ts = connected(2, config());
+    // Corrupt rank 0's copy of rank 1's ring key: its next write is refused by the remote NIC.
+    ts[0].peers.get_mut(&1).expect("peer").remote.ring_rkey ^= 0x5a5a;
+    assert!(ts[0].try_send(1, 9, b"doomed").expect("posting succeeds"));
+    let until = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        match ts[0].progress() {
+            Err(e) => break e,
+            Ok(_) => assert!(Instant::now() < until, "no error completion"),
+        }
+        let _ = ts[1].progress();
+    };
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            TransportError::LinkFailed {
+                local: 0,
+                peer: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("rank 0 -> rank 1") && text.contains("port 1"),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("error"), "{text}");
+    assert_eq!(e.peer(), Some(1));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_peer_that_goes_away_is_reported_lost() {
+    let mut ts = connected(2, config());
+    let gone = ts.pop().expect("rank 1");
+    drop(gone);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !ts[0].peer_lost(1) {
+        assert!(
+            Instant::now() < until,
+            "rank 1's departure not noticed in 10 s"
+        );
+        ts[0].progress().expect("progress");
+        ts[0].wait(Duration::from_millis(20)).expect("wait");
+    }
+    let e = ts[0].try_recv(1, 1).expect_err("peer closed");
+    assert!(
+        matches!(e, TransportError::PeerClosed { peer: 1, .. }),
+        "{e:?}"
+    );
+    let e = ts[0].try_send(1, 1, b"x").expect_err("peer closed");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_stranger_on_the_setup_port_is_refused_and_setup_completes() {
+    let config = config();
+    let mut ts: Vec<RdmaTransport> = (0..2)
+        .map(|_| RdmaTransport::bind(config.clone()).expect("bind"))
+        .collect();
+    let target: SocketAddr = std::str::from_utf8(ts[1].address().as_bytes())
+        .expect("text")
+        .parse()
+        .expect("socket address");
+    // A stranger sends garbage to rank 1's setup port before the real peer dials.
+    let mut stranger = TcpStream::connect(target).expect("connect");
+    std::io::Write::write_all(&mut stranger, &[0xff; 64]).expect("garbage");
+    let addresses: Vec<PeerAddress> = ts.iter().map(|t| t.address().clone()).collect();
+    thread::scope(|s| {
+        for (rank, t) in ts.iter_mut().enumerate() {
+            let peer = (1 - rank, addresses[1 - rank].clone());
+            s.spawn(move || t.connect(rank, &[peer], deadline()).expect("connect"));
+        }
+    });
+    assert!(ts[0].try_send(1, 2, b"after the stranger").expect("send"));
+    drive(&mut ts, |ts| {
+        ts[1]
+            .try_recv(0, 2)
+            .expect("recv")
+            .is_some_and(|m| m.data == b"after the stranger")
+    });
+}

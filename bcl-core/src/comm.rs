@@ -1212,7 +1212,10 @@ fn run<'a>(
         }
         match exec.poll(transport.as_mut(), &mut bindings, &ctx) {
             Err(e) => break Err(exec_error(shared, e, signature)),
-            Ok(_) if exec.is_done() => break Ok(()),
+            // Done when every step is, and every accepted send has left this process: a
+            // transport that still queues bytes (tcp's socket buffers full, rdma out of
+            // credits) needs this rank's progress to deliver them, and an idle rank makes none.
+            Ok(_) if exec.is_done() && transport.flushed() => break Ok(()),
             Ok(true) => idle = 0,
             Ok(false) => {
                 // One clock read per idle round: on a VM it is a large part of a spin.

@@ -18,6 +18,9 @@ pub enum TransportKind {
     Tcp,
     /// Shared memory only: every peer must be on this host.
     Shm,
+    /// RDMA verbs to every peer (a build with the `rdma` feature, and an active device on
+    /// every rank). `Auto` also uses it between hosts where both ranks offer it.
+    Rdma,
     /// In-process, for ranks that are threads of one process joined by this fabric.
     Mem(MemFabric),
 }
@@ -28,12 +31,13 @@ impl TransportKind {
             "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
             "shm" => Ok(TransportKind::Shm),
+            "rdma" => Ok(TransportKind::Rdma),
             "mem" => Err(Error::InvalidArgument(
                 "the mem transport joins threads of one process: use Communicator::init_threads"
                     .into(),
             )),
             other => Err(Error::InvalidArgument(format!(
-                "unknown transport '{other}' (auto, tcp, shm, mem)"
+                "unknown transport '{other}' (auto, tcp, shm, rdma, mem)"
             ))),
         }
     }
@@ -43,6 +47,7 @@ impl TransportKind {
             TransportKind::Auto => "auto",
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
+            TransportKind::Rdma => "rdma",
             TransportKind::Mem(_) => "mem",
         }
     }
@@ -58,6 +63,8 @@ pub struct CommConfig {
     pub transport: TransportKind,
     /// TCP connections per peer.
     pub sockets_per_peer: usize,
+    /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
+    pub rdma_device: Option<String>,
     /// Address the TCP transport listens on and publishes.
     pub bind_ip: IpAddr,
     /// How long init waits for all ranks to arrive and connect.
@@ -85,6 +92,7 @@ impl Default for CommConfig {
             device_index: 0,
             transport: TransportKind::Auto,
             sockets_per_peer: 2,
+            rdma_device: None,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             init_timeout: Duration::from_secs(60),
             op_timeout: Duration::from_secs(300),
@@ -107,7 +115,7 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
-    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_BIND_IP`,
+    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
     /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
     /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`, `BCL_SPIN_US`.
@@ -122,6 +130,9 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_SOCKETS_PER_PEER") {
             self.sockets_per_peer = number::<usize>("BCL_SOCKETS_PER_PEER", &v)?.clamp(1, 64);
+        }
+        if let Some(v) = get("BCL_RDMA_DEVICE") {
+            self.rdma_device = Some(v).filter(|v| !v.is_empty());
         }
         if let Some(v) = get("BCL_BIND_IP") {
             self.bind_ip = number("BCL_BIND_IP", &v)?;

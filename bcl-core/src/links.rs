@@ -4,7 +4,7 @@
 
 use crate::config::{CommConfig, TransportKind};
 use crate::error::{Error, Result};
-use crate::topology::{LinkKind, RankInfo, choose_link};
+use crate::topology::{LinkKind, RankInfo, RdmaOffers, choose_link};
 use bcl_transport::routes::{Routes, part_address};
 use bcl_transport::shm::{ShmConfig, ShmTransport};
 use bcl_transport::tcp::{TcpConfig, TcpTransport};
@@ -33,8 +33,28 @@ fn tcp(rank: usize, config: &CommConfig, secret: Secret) -> Result<TcpTransport>
     })
 }
 
+/// This rank's rdma endpoint. Err: the build has no rdma transport, or this machine cannot run
+/// it (no libibverbs, no device, no active port): the reason, for a message or a log line.
+#[cfg(feature = "rdma")]
+fn rdma(config: &CommConfig, secret: Secret) -> std::result::Result<Box<dyn Transport>, String> {
+    use bcl_transport::rdma::{RdmaConfig, RdmaTransport};
+    let mut rdma = RdmaConfig::new(secret);
+    rdma.bind_ip = config.bind_ip;
+    rdma.device = config.rdma_device.clone();
+    rdma.max_message = rdma.max_message.max(config.slice_bytes);
+    RdmaTransport::bind(rdma)
+        .map(|t| Box::new(t) as Box<dyn Transport>)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma(_: &CommConfig, _: Secret) -> std::result::Result<Box<dyn Transport>, String> {
+    Err("rdma unavailable: this build has no rdma transport (build with --features rdma)".into())
+}
+
 /// Open the endpoint `config.transport` asks for. Auto without shared memory (no `/dev/shm`,
-/// say) falls back to tcp alone, with a warning.
+/// say) falls back to tcp alone, with a warning; auto adds rdma where this rank can open a
+/// device, and goes without it (a debug line; a warning where a device exists but failed).
 pub(crate) fn open(rank: usize, config: &CommConfig, secret: Secret) -> Result<Endpoint> {
     let shm = || ShmTransport::bind(ShmConfig::new(secret));
     let routed = |parts: Vec<Box<dyn Transport>>| {
@@ -55,15 +75,31 @@ pub(crate) fn open(rank: usize, config: &CommConfig, secret: Secret) -> Result<E
             rank,
             reason: format!("transport shm was requested but is unavailable: {e}"),
         })?)]),
+        TransportKind::Rdma => routed(vec![rdma(config, secret).map_err(|reason| {
+            Error::Bootstrap {
+                rank,
+                reason: format!("transport rdma was requested but is unavailable: {reason}"),
+            }
+        })?]),
         TransportKind::Auto => {
             let tcp: Box<dyn Transport> = Box::new(tcp(rank, config, secret)?);
+            let mut parts = vec![tcp];
             match shm() {
-                Ok(shm) => routed(vec![tcp, Box::new(shm)]),
+                Ok(shm) => parts.push(Box::new(shm)),
                 Err(e) => {
                     tracing::warn!(rank, error = %e, "shared memory unavailable; tcp to every peer");
-                    routed(vec![tcp])
                 }
             }
+            match rdma(config, secret) {
+                Ok(rdma) => parts.push(rdma),
+                Err(reason) if reason.contains("no RDMA devices") || reason.contains("no rdma transport") || reason.contains("libibverbs not available") => {
+                    tracing::debug!(rank, %reason, "no rdma; tcp between hosts");
+                }
+                Err(reason) => {
+                    tracing::warn!(rank, %reason, "rdma setup failed; falling back to tcp between hosts");
+                }
+            }
+            routed(parts)
         }
     }
 }
@@ -110,9 +146,14 @@ impl Endpoint {
                 t
             }
             Endpoint::Routed(mut routes) => {
+                let local_rdma = part_address(&me.address, "rdma").is_some();
                 for p in peers.iter().filter(|p| p.rank != rank) {
                     let offers_shm = part_address(&p.address, "shm").is_some();
-                    let kind = choose_link(&config.transport, me, p, offers_shm)
+                    let rdma = RdmaOffers {
+                        local: local_rdma,
+                        peer: part_address(&p.address, "rdma").is_some(),
+                    };
+                    let kind = choose_link(&config.transport, me, p, offers_shm, rdma)
                         .map_err(|reason| Error::Bootstrap { rank, reason })?;
                     routes
                         .set_route(p.rank, kind.name())

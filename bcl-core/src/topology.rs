@@ -53,6 +53,7 @@ pub enum LinkKind {
     Mem,
     Tcp,
     Shm,
+    Rdma,
 }
 
 impl LinkKind {
@@ -61,24 +62,29 @@ impl LinkKind {
             LinkKind::Mem => "mem",
             LinkKind::Tcp => "tcp",
             LinkKind::Shm => "shm",
+            LinkKind::Rdma => "rdma",
         }
     }
 }
 
 /// Which transport carries the link between `local` and `peer`; both ranks reach the same
 /// answer. `Auto`: shared memory when the two share a host (boot id and network namespace) and
-/// the peer offers it, TCP otherwise. `Shm` with a peer elsewhere is an error naming it.
+/// the peer offers it; RDMA between hosts when both offer it (an active device on each); TCP
+/// otherwise. `Shm` with a peer elsewhere, or `Rdma` with a rank that offers none, is an error
+/// naming the rank.
 pub fn choose_link(
     requested: &TransportKind,
     local: &RankInfo,
     peer: &RankInfo,
     peer_offers_shm: bool,
+    rdma: RdmaOffers,
 ) -> Result<LinkKind, String> {
     let same_host = local.host_id == peer.host_id;
     match requested {
         TransportKind::Mem(_) => Ok(LinkKind::Mem),
         TransportKind::Tcp => Ok(LinkKind::Tcp),
         TransportKind::Auto if same_host && peer_offers_shm => Ok(LinkKind::Shm),
+        TransportKind::Auto if !same_host && rdma.local && rdma.peer => Ok(LinkKind::Rdma),
         TransportKind::Auto => Ok(LinkKind::Tcp),
         TransportKind::Shm if same_host && peer_offers_shm => Ok(LinkKind::Shm),
         TransportKind::Shm if same_host => Err(format!(
@@ -90,7 +96,19 @@ pub fn choose_link(
             peer.label(),
             local.label()
         )),
+        TransportKind::Rdma if rdma.local && rdma.peer => Ok(LinkKind::Rdma),
+        TransportKind::Rdma => Err(format!(
+            "transport rdma was requested but {} has no usable RDMA device (use auto or tcp)",
+            if rdma.local { peer.label() } else { local.label() }
+        )),
     }
+}
+
+/// Whether each end of a link published an rdma endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RdmaOffers {
+    pub local: bool,
+    pub peer: bool,
 }
 
 #[cfg(test)]
@@ -141,18 +159,48 @@ mod tests {
             info(2, "b", Vendor::Cpu),
         );
         let auto = TransportKind::Auto;
-        assert_eq!(choose_link(&auto, &a0, &a1, true), Ok(LinkKind::Shm));
-        assert_eq!(choose_link(&auto, &a1, &a0, true), Ok(LinkKind::Shm));
-        assert_eq!(choose_link(&auto, &a0, &a1, false), Ok(LinkKind::Tcp));
-        assert_eq!(choose_link(&auto, &a0, &b, true), Ok(LinkKind::Tcp));
+        let none = RdmaOffers::default();
+        assert_eq!(choose_link(&auto, &a0, &a1, true, none), Ok(LinkKind::Shm));
+        assert_eq!(choose_link(&auto, &a1, &a0, true, none), Ok(LinkKind::Shm));
+        assert_eq!(choose_link(&auto, &a0, &a1, false, none), Ok(LinkKind::Tcp));
+        assert_eq!(choose_link(&auto, &a0, &b, true, none), Ok(LinkKind::Tcp));
         assert_eq!(
-            choose_link(&TransportKind::Tcp, &a0, &a1, true),
+            choose_link(&TransportKind::Tcp, &a0, &a1, true, none),
             Ok(LinkKind::Tcp)
         );
-        let e = choose_link(&TransportKind::Shm, &a0, &b, true).expect_err("other host");
+        let e = choose_link(&TransportKind::Shm, &a0, &b, true, none).expect_err("other host");
         assert!(
             e.contains("rank 2 (host b") && e.contains("another host"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn auto_links_other_hosts_by_rdma_where_both_offer_it() {
+        let (a0, a1, b) = (
+            info(0, "a", Vendor::Cpu),
+            info(1, "a", Vendor::Cpu),
+            info(2, "b", Vendor::Sim),
+        );
+        let auto = TransportKind::Auto;
+        let both = RdmaOffers {
+            local: true,
+            peer: true,
+        };
+        let peer_lacks = RdmaOffers {
+            local: true,
+            peer: false,
+        };
+        assert_eq!(choose_link(&auto, &a0, &b, true, both), Ok(LinkKind::Rdma));
+        assert_eq!(choose_link(&auto, &b, &a0, true, both), Ok(LinkKind::Rdma));
+        // Same host: shared memory still wins; one end without a device: tcp.
+        assert_eq!(choose_link(&auto, &a0, &a1, true, both), Ok(LinkKind::Shm));
+        assert_eq!(choose_link(&auto, &a0, &b, true, peer_lacks), Ok(LinkKind::Tcp));
+        let rdma = TransportKind::Rdma;
+        assert_eq!(choose_link(&rdma, &a0, &a1, true, both), Ok(LinkKind::Rdma));
+        let e = choose_link(&rdma, &a0, &b, true, peer_lacks).expect_err("no device");
+        assert!(e.contains("rank 2 (host b") && e.contains("no usable RDMA device"), "{e}");
+        let e = choose_link(&rdma, &a0, &b, true, RdmaOffers::default()).expect_err("none");
+        assert!(e.contains("rank 0 (host a"), "{e}");
     }
 }

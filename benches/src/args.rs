@@ -55,8 +55,9 @@ pub struct Args {
     /// Device of each rank, cycled over the ranks: cpu, sim, sim:copy=GBPS:reduce=GBPS.
     #[arg(long, default_value = "cpu")]
     pub devices: String,
-    /// auto|tcp|shm|mem (auto: shared memory to ranks on this host, tcp to the others; mem
-    /// implies --threads).
+    /// auto|tcp|shm|rdma|mem (auto: shared memory to ranks on this host, rdma to ranks on
+    /// other hosts where both have an RDMA device, tcp otherwise; rdma needs a build with the
+    /// `rdma` feature; mem implies --threads).
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Run the ranks as threads of this process instead of separate processes.

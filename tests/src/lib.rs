@@ -35,13 +35,18 @@ pub enum Setup {
     /// Shared-memory rings, the first `gpu_ranks` ranks on CUDA device 0 (sharing it), the
     /// others on cpu. Needs a GPU and a build with the `cuda` feature.
     ShmCuda { gpu_ranks: usize },
+    /// RDMA verbs, every rank on the cpu backend. Needs a device (the Soft-RoCE VM) and a
+    /// build with the `rdma` feature.
+    RdmaCpu,
+    /// RDMA verbs, odd ranks on the simulated vendor, even on cpu.
+    RdmaMixed,
 }
 
 impl Setup {
     fn mixed(self) -> bool {
         matches!(
             self,
-            Setup::TcpMixed | Setup::ShmMixed | Setup::ShmMixedStaged
+            Setup::TcpMixed | Setup::ShmMixed | Setup::ShmMixedStaged | Setup::RdmaMixed
         )
     }
 }
@@ -62,6 +67,7 @@ pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
             Setup::ShmCpu | Setup::ShmMixed | Setup::ShmMixedStaged | Setup::ShmCuda { .. } => {
                 TransportKind::Shm
             }
+            Setup::RdmaCpu | Setup::RdmaMixed => TransportKind::Rdma,
         },
         init_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_secs(30),

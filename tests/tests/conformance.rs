@@ -43,3 +43,27 @@ suite! {
     shm_mixed_staged_3: Setup::ShmMixedStaged, 3;
     shm_mixed_staged_4: Setup::ShmMixedStaged, 4;
 }
+
+/// Over RDMA verbs: these need a device, so they run inside the Soft-RoCE VM
+/// (`scripts/rdma-vm-test.sh`, which `.ci/run` calls) with `--ignored rdma_`.
+#[cfg(feature = "rdma")]
+mod rdma {
+    use bcl_tests::{Setup, conformance};
+
+    macro_rules! rdma_suite {
+        ($($name:ident: $setup:expr, $world:expr;)*) => {
+            $(
+                #[test]
+                #[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+                fn $name() { conformance($setup, $world); }
+            )*
+        };
+    }
+
+    rdma_suite! {
+        rdma_cpu_2: Setup::RdmaCpu, 2;
+        rdma_cpu_4: Setup::RdmaCpu, 4;
+        rdma_mixed_2: Setup::RdmaMixed, 2;
+        rdma_mixed_4: Setup::RdmaMixed, 4;
+    }
+}

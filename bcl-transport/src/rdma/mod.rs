@@ -745,10 +745,12 @@ impl Transport for RdmaTransport {
         }
     }
 
+    /// Every chunk and credit return is posted: the NIC delivers them without this process's
+    /// help (dropping the transport waits for their completions, see `Drop`).
     fn flushed(&self) -> bool {
         self.peers
             .values()
-            .all(|p| p.closed || (p.outgoing.is_empty() && p.send_done == p.posted))
+            .all(|p| p.closed || (p.outgoing.is_empty() && p.freed == p.reported))
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
@@ -756,6 +758,25 @@ impl Transport for RdmaTransport {
             .get(&peer)
             .is_some_and(|p| p.closed && p.assembling.is_none())
             && !self.inbox.keys().any(|(from, _)| *from == peer)
+    }
+}
+
+impl Drop for RdmaTransport {
+    /// Destroying a QP aborts its writes in flight: first let posted writes complete (bounded,
+    /// and not at all towards a peer that is gone).
+    fn drop(&mut self) {
+        let end = Instant::now() + Duration::from_secs(2);
+        let pending = |t: &RdmaTransport| {
+            t.peers.values().any(|p| {
+                !p.closed && (!p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0)
+            })
+        };
+        while pending(self) && Instant::now() < end {
+            if self.progress().is_err() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
     }
 }
 

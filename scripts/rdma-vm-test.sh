@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The rdma transport's real-verbs checks (issue 8), run by .ci/run:
+#   1. on this machine (no RDMA in its kernel): the "rdma unavailable" path, and bcl-bench with
+#      --transport auto still working in a build with the rdma feature;
+#   2. in one boot of the Soft-RoCE VM (scripts/rdma-vm.sh): the transport's own tests, the
+#      conformance suite over rdma × cpu and rdma × cpu+sim at 2 and 4 ranks, the communicator
+#      tests, auto falling back to tcp when a rank's rdma device cannot be opened, and a
+#      bcl-bench allreduce sweep over rdma beside ib_write_bw on the same device.
+# Results of the VM run land in target/rdma-vm/out (console.log, bench-*.txt, ib_write_bw.txt).
+#   scripts/rdma-vm-test.sh [--bench-only]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+bench_only=${1:-}
+
+bash scripts/rdma-vm.sh install
+
+echo "== rdma: build (release, --features rdma)"
+cargo build --release --locked --features rdma -p bcl-bench
+list=$(cargo test --release --locked --features rdma -p bcl-transport -p bcl-tests --no-run 2>&1 |
+  tee /dev/stderr | sed -n 's/.*Executable .*(\(target\/release\/deps\/[^)]*\)).*/\1/p')
+exe() { echo "$list" | grep "/$1-" | head -1; }
+transport_tests=$(exe bcl_transport)
+conformance_tests=$(exe conformance)
+comm_tests=$(exe rdma)
+for t in "$transport_tests" "$conformance_tests" "$comm_tests"; do
+  [ -x "$t" ] || { echo "rdma-vm-test: a test binary was not built ($t)" >&2; exit 1; }
+done
+mkdir -p target/rdma-vm
+cp target/release/bcl-bench target/rdma-vm/bcl-bench
+
+if [ "$bench_only" != "--bench-only" ]; then
+  echo "== rdma, on this machine (no device): unavailable path, auto without rdma"
+  "$transport_tests" rdma::
+  "$comm_tests"
+  out=$(target/rdma-vm/bcl-bench allreduce --nranks 2 --transport auto -b 1M -e 1M -n 3 -w 1 2>&1)
+  echo "$out" | tail -3
+  echo "$out" | grep -q "Avg bus bandwidth" || { echo "bcl-bench with auto failed without rdma" >&2; exit 1; }
+  if target/rdma-vm/bcl-bench allreduce --nranks 2 --transport rdma -b 8 -e 8 -n 1 -w 0 > target/rdma-vm/host-rdma.txt 2>&1; then
+    echo "bcl-bench --transport rdma succeeded on a machine without RDMA" >&2; exit 1
+  fi
+  grep -q "rdma unavailable" target/rdma-vm/host-rdma.txt ||
+    { cat target/rdma-vm/host-rdma.txt; echo "no 'rdma unavailable' in the error" >&2; exit 1; }
+  echo "ok: --transport rdma here fails with: $(grep -o 'rdma unavailable[^"]*' target/rdma-vm/host-rdma.txt | head -1)"
+fi
+
+out_dir=target/rdma-vm/out
+rm -rf "$out_dir" && mkdir -p "$out_dir"
+out_abs=$(cd "$out_dir" && pwd)
+guest=$(cat <<GUEST
+set -euo pipefail
+o=$out_abs
+bench=target/rdma-vm/bcl-bench
+if [ "$bench_only" != "--bench-only" ]; then
+  echo "== in the VM: rdma transport tests"
+  $transport_tests --include-ignored rdma:: --test-threads 1
+  echo "== in the VM: communicator over rdma"
+  $comm_tests --include-ignored --test-threads 1
+  echo "== in the VM: conformance over rdma (cpu, cpu+sim; 2 and 4 ranks)"
+  $conformance_tests --ignored rdma_ --test-threads 1
+  echo "== in the VM: auto with an rdma device that cannot be opened falls back to tcp"
+  BCL_RDMA_DEVICE=nosuchdev0 RUST_LOG=warn \$bench allreduce --nranks 2 --transport auto -b 64K -e 64K -n 2 -w 1 > \$o/auto-fallback.txt 2>&1
+  grep -q "Avg bus bandwidth" \$o/auto-fallback.txt
+  grep -q "rdma setup failed; falling back to tcp" \$o/auto-fallback.txt ||
+    { cat \$o/auto-fallback.txt; echo "no fallback warning"; exit 1; }
+fi
+echo "== in the VM: raw verbs bandwidth (ib_write_bw, 1 MiB writes) and bcl-bench over rdma"
+ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 > \$o/ib_write_bw-server.txt 2>&1 &
+sleep 2
+ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 127.0.0.1 > \$o/ib_write_bw.txt 2>&1
+wait
+\$bench allreduce --nranks 2 --transport rdma -b 1M -e 16M -f 4 -n 5 -w 1 > \$o/bench-rdma-2.txt 2>&1
+\$bench allreduce --nranks 4 --transport rdma -b 1M -e 16M -f 4 -n 3 -w 1 > \$o/bench-rdma-4.txt 2>&1
+cat \$o/ib_write_bw.txt \$o/bench-rdma-2.txt \$o/bench-rdma-4.txt
+GUEST
+)
+echo "== rdma: booting the Soft-RoCE VM"
+BCL_RDMA_VM_TIMEOUT=${BCL_RDMA_VM_TIMEOUT:-1500} bash scripts/rdma-vm.sh run "$guest" "$out_dir"

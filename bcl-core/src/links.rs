@@ -92,7 +92,11 @@ pub(crate) fn open(rank: usize, config: &CommConfig, secret: Secret) -> Result<E
             }
             match rdma(config, secret) {
                 Ok(rdma) => parts.push(rdma),
-                Err(reason) if reason.contains("no RDMA devices") || reason.contains("no rdma transport") || reason.contains("libibverbs not available") => {
+                Err(reason)
+                    if reason.contains("no RDMA devices")
+                        || reason.contains("no rdma transport")
+                        || reason.contains("libibverbs not available") =>
+                {
                     tracing::debug!(rank, %reason, "no rdma; tcp between hosts");
                 }
                 Err(reason) => {

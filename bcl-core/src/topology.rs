@@ -99,7 +99,11 @@ pub fn choose_link(
         TransportKind::Rdma if rdma.local && rdma.peer => Ok(LinkKind::Rdma),
         TransportKind::Rdma => Err(format!(
             "transport rdma was requested but {} has no usable RDMA device (use auto or tcp)",
-            if rdma.local { peer.label() } else { local.label() }
+            if rdma.local {
+                peer.label()
+            } else {
+                local.label()
+            }
         )),
     }
 }
@@ -195,11 +199,17 @@ mod tests {
         assert_eq!(choose_link(&auto, &b, &a0, true, both), Ok(LinkKind::Rdma));
         // Same host: shared memory still wins; one end without a device: tcp.
         assert_eq!(choose_link(&auto, &a0, &a1, true, both), Ok(LinkKind::Shm));
-        assert_eq!(choose_link(&auto, &a0, &b, true, peer_lacks), Ok(LinkKind::Tcp));
+        assert_eq!(
+            choose_link(&auto, &a0, &b, true, peer_lacks),
+            Ok(LinkKind::Tcp)
+        );
         let rdma = TransportKind::Rdma;
         assert_eq!(choose_link(&rdma, &a0, &a1, true, both), Ok(LinkKind::Rdma));
         let e = choose_link(&rdma, &a0, &b, true, peer_lacks).expect_err("no device");
-        assert!(e.contains("rank 2 (host b") && e.contains("no usable RDMA device"), "{e}");
+        assert!(
+            e.contains("rank 2 (host b") && e.contains("no usable RDMA device"),
+            "{e}"
+        );
         let e = choose_link(&rdma, &a0, &b, true, RdmaOffers::default()).expect_err("none");
         assert!(e.contains("rank 0 (host a"), "{e}");
     }

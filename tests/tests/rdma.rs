@@ -29,7 +29,9 @@ fn rdma_links_where_a_device_exists_and_a_clear_error_where_not() {
         }
         return;
     }
-    let e = result.err().expect("no RDMA device on this machine").to_string();
+    let e = result
+        .expect_err("no RDMA device on this machine")
+        .to_string();
     assert!(
         e.contains("rank ")
             && e.contains("transport rdma was requested but is unavailable")
@@ -57,7 +59,10 @@ fn rdma_allreduce_of_a_large_buffer_over_two_ranks_is_exact() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
     });
     for recv in results {
         for (i, v) in recv.iter().enumerate() {
@@ -73,9 +78,11 @@ fn rdma_with_a_missing_device_named_is_an_error_naming_the_devices_there_are() {
         rdma_device: Some("nosuchdev0".into()),
         ..rdma_config(rank)
     })
-    .err()
-    .expect("no such device")
+    .expect_err("no such device")
     .to_string();
-    assert!(e.contains("RDMA device nosuchdev0 not found") && e.contains("rxe0"), "{e}");
+    assert!(
+        e.contains("RDMA device nosuchdev0 not found") && e.contains("rxe0"),
+        "{e}"
+    );
     assert!(e.contains("rank "), "{e}");
 }

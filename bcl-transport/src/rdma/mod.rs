@@ -374,7 +374,13 @@ impl RdmaTransport {
                     self.pool.push(front.data);
                 }
             }
-            if failure.is_none() && p.freed > p.reported && u64::from(p.credit_writes) < slots {
+            // Credits go back in batches of a quarter ring: a sender that has run out has at
+            // least half a ring of chunks on the way (see `try_send`), so the batch always
+            // fills (see `flushed`).
+            if failure.is_none()
+                && p.freed - p.reported >= credit_batch(slots)
+                && u64::from(p.credit_writes) < slots
+            {
                 let imm = Immediate::Credit(p.freed as u32).encode();
                 match p.qp.post_write_with_imm(
                     wr_id(peer, WR_CREDIT),
@@ -441,6 +447,11 @@ fn open_device(verbs: &Arc<Verbs>, config: &RdmaConfig) -> Result<Device, verbs:
         config.gid_index,
         cq_entries,
     )
+}
+
+/// How many freed slots are returned to the sender at once.
+fn credit_batch(slots: u64) -> u64 {
+    (slots / 4).max(1)
 }
 
 /// Whether another chunk may be posted: the peer has a free slot for it (credits) and this
@@ -611,7 +622,18 @@ impl Transport for RdmaTransport {
         };
         // With nothing queued and room in the ring, the chunks go straight from the caller's
         // bytes into send slots; otherwise what is left is copied into a queued buffer. A
-        // message is at least one chunk (an empty one is a header alone).
+        // message is at least one chunk (an empty one is a header alone). A message of at most
+        // half a ring that does not fit the credits now is refused ("not now") rather than
+        // copied: the caller comes back after progress, which returns credits in between, so
+        // no rank posts long bursts while its peer's credits wait unread.
+        let chunks = data.len().div_ceil(payload).max(1) as u64;
+        if p.outgoing.is_empty()
+            && chunks <= slots / 2
+            && !has_room(p.posted + chunks - 1, p.credited, p.send_done, slots)
+        {
+            self.pool.push(buf);
+            return Ok(false);
+        }
         let mut sent = 0;
         let mut posted_any = false;
         if p.outgoing.is_empty() {
@@ -745,12 +767,15 @@ impl Transport for RdmaTransport {
         }
     }
 
-    /// Every chunk and credit return is posted: the NIC delivers them without this process's
-    /// help (dropping the transport waits for their completions, see `Drop`).
+    /// Every chunk is posted: the NIC delivers it without this process's help (dropping the
+    /// transport waits for the completions, see `Drop`). Credits not yet returned (less than a
+    /// batch) do not count: a sender waits for credits only with at least half a ring of
+    /// chunks unacknowledged, all of them bound for a receiver that is still in the operation
+    /// that needs them, so its progress fills the batch.
     fn flushed(&self) -> bool {
         self.peers
             .values()
-            .all(|p| p.closed || (p.outgoing.is_empty() && p.freed == p.reported))
+            .all(|p| p.closed || p.outgoing.is_empty())
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
@@ -768,7 +793,8 @@ impl Drop for RdmaTransport {
         let end = Instant::now() + Duration::from_secs(2);
         let pending = |t: &RdmaTransport| {
             t.peers.values().any(|p| {
-                !p.closed && (!p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0)
+                !p.closed
+                    && (!p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0)
             })
         };
         while pending(self) && Instant::now() < end {

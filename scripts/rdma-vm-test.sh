@@ -41,7 +41,7 @@ if [ "$bench_only" != "--bench-only" ]; then
   fi
   grep -q "rdma unavailable" target/rdma-vm/host-rdma.txt ||
     { cat target/rdma-vm/host-rdma.txt; echo "no 'rdma unavailable' in the error" >&2; exit 1; }
-  echo "ok: --transport rdma here fails with: $(grep -o 'rdma unavailable[^"]*' target/rdma-vm/host-rdma.txt | head -1)"
+  echo "ok: --transport rdma here fails with: $(grep -m1 -o 'rdma unavailable: [^(]*' target/rdma-vm/host-rdma.txt)"
 fi
 
 out_dir=target/rdma-vm/out

@@ -95,8 +95,15 @@ pub fn probe() -> Result<Vec<verbs::DeviceSummary>, String> {
     verbs.devices().map_err(|e| e.0)
 }
 
-/// A received payload and how long it took from its first chunk to its last (multi-chunk only).
-type Arrived = (Vec<u8>, Option<Duration>);
+/// A message that has fully arrived.
+enum Arrived {
+    /// Copied out of the ring (a message of several chunks, or one evicted from the ring), with
+    /// how long it took from its first chunk to its last (several chunks only).
+    Owned(Vec<u8>, Option<Duration>),
+    /// A one-chunk message still in its ring slot (chunk `seq`), handed to `try_recv_with`
+    /// where it lies; its slot is freed when it is consumed.
+    InRing { seq: u64, len: usize },
+}
 
 struct Outgoing {
     tag: Tag,
@@ -128,10 +135,16 @@ struct Peer {
     send_done: u64,
     credited: u64,
     credit_writes: u32,
-    /// Data chunks received, slots freed, and the freed count last reported to the peer.
+    /// Data chunks received, slots freed (a prefix: the sender reuses slots in order), and the
+    /// freed count last reported to the peer.
     received: u64,
     freed: u64,
     reported: u64,
+    /// For chunks `freed..received`: whether each is done with (false: a one-chunk message
+    /// waiting in its slot to be consumed).
+    done: VecDeque<bool>,
+    /// How many of those wait in their slots.
+    held: usize,
     assembling: Option<Assembly>,
     closed: bool,
 }
@@ -320,11 +333,19 @@ impl RdmaTransport {
                         let r =
                             receive_chunk(p, peer, seq, slot_bytes, max_message, &mut self.pool);
                         match r {
-                            Ok(Some((tag, arrived))) => self
-                                .inbox
-                                .entry((peer, tag))
-                                .or_default()
-                                .push_back(arrived),
+                            Ok(Some((tag, arrived))) => {
+                                // More than a quarter ring waiting to be consumed: copy the
+                                // oldest out, so the sender's credits never wait on messages
+                                // this rank does not want yet (see `flushed`).
+                                let evict = p.held * 4 > p.ring.len() / slot_bytes;
+                                self.inbox
+                                    .entry((peer, tag))
+                                    .or_default()
+                                    .push_back(arrived);
+                                if evict {
+                                    self.evict_oldest(peer);
+                                }
+                            }
                             Ok(None) => {}
                             Err(reason) => {
                                 let addr = p.addr.clone();
@@ -404,6 +425,53 @@ impl RdmaTransport {
         match failure {
             Some((peer, e)) => Err(self.verbs_error(peer, e)),
             None => Ok(moved),
+        }
+    }
+
+    /// Copy the oldest message of `peer` still in its slot into a buffer, and free the slot.
+    fn evict_oldest(&mut self, peer: usize) {
+        let slot_bytes = self.config.slot_bytes();
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let Some(offset) = p.done.iter().position(|done| !done) else {
+            return;
+        };
+        let seq = p.freed + offset as u64;
+        for ((from, _), queue) in self.inbox.iter_mut() {
+            if *from != peer {
+                continue;
+            }
+            for arrived in queue.iter_mut() {
+                if let Arrived::InRing { seq: s, len } = *arrived
+                    && s == seq
+                {
+                    let mut data = self.pool.pop().unwrap_or_default();
+                    data.clear();
+                    data.extend_from_slice(slot_message(p, seq, len, slot_bytes));
+                    *arrived = Arrived::Owned(data, None);
+                    release_slot(p, seq);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The next message from `peer` under `tag`, if one has arrived.
+    fn take_arrived(&mut self, peer: usize, tag: Tag) -> Option<Arrived> {
+        let q = self.inbox.get_mut(&(peer, tag))?;
+        let arrived = q.pop_front();
+        if q.is_empty() {
+            self.inbox.remove(&(peer, tag));
+        }
+        arrived
+    }
+
+    fn nothing_arrived(&self, peer: usize) -> Result<(), TransportError> {
+        match self.peers.get(&peer) {
+            None => Err(TransportError::UnknownPeer { peer }),
+            Some(p) if p.closed => Err(self.peer_closed(peer)),
+            Some(_) => Ok(()),
         }
     }
 
@@ -488,6 +556,27 @@ fn post_chunk(
     Ok(())
 }
 
+/// Chunk `seq` is done with: free its slot, and every slot after it that is done too (slots
+/// are freed in order, as the sender reuses them).
+fn release_slot(p: &mut Peer, seq: u64) {
+    let index = (seq - p.freed) as usize;
+    if !p.done[index] {
+        p.done[index] = true;
+        p.held -= 1;
+    }
+    while p.done.front() == Some(&true) {
+        p.done.pop_front();
+        p.freed += 1;
+    }
+}
+
+/// The bytes of the one-chunk message in chunk `seq`'s slot.
+fn slot_message(p: &Peer, seq: u64, len: usize, slot_bytes: usize) -> &[u8] {
+    let slots = (p.ring.len() / slot_bytes) as u64;
+    let at = (seq % slots) as usize * slot_bytes + SLOT_HEADER;
+    p.ring.bytes(at..at + len)
+}
+
 /// Take the chunk that landed in the ring's next slot. `Some`: it completed a message.
 fn receive_chunk(
     p: &mut Peer,
@@ -508,6 +597,15 @@ fn receive_chunk(
     let slot = p.ring.bytes(at..at + slot_bytes);
     let header = ChunkHeader::decode(slot, slot_bytes - SLOT_HEADER, max_message)?;
     let chunk = &slot[SLOT_HEADER..SLOT_HEADER + header.chunk_len as usize];
+    if p.assembling.is_none() && header.chunk_len == header.message_len {
+        // A whole message in one slot: it stays there until consumed.
+        let seq = p.received;
+        p.received += 1;
+        p.done.push_back(false);
+        p.held += 1;
+        let len = header.message_len as usize;
+        return Ok(Some((header.tag, Arrived::InRing { seq, len })));
+    }
     let assembly = match p.assembling.take() {
         Some(a) if a.tag == header.tag && a.len == header.message_len as usize => a,
         Some(a) => {
@@ -541,11 +639,15 @@ fn receive_chunk(
         ));
     }
     assembly.data.extend_from_slice(chunk);
+    let seq = p.received;
     p.received += 1;
-    p.freed += 1;
+    p.done.push_back(false);
+    p.held += 1;
+    let several_chunks = assembly.len > chunk.len();
+    release_slot(p, seq);
     if assembly.data.len() == assembly.len {
-        let transfer = (assembly.len > chunk.len()).then(|| assembly.started.elapsed());
-        return Ok(Some((assembly.tag, (assembly.data, transfer))));
+        let transfer = several_chunks.then(|| assembly.started.elapsed());
+        return Ok(Some((assembly.tag, Arrived::Owned(assembly.data, transfer))));
     }
     p.assembling = Some(assembly);
     Ok(None)
@@ -588,6 +690,8 @@ impl Transport for RdmaTransport {
                     received: 0,
                     freed: 0,
                     reported: 0,
+                    done: VecDeque::new(),
+                    held: 0,
                     assembling: None,
                     closed: false,
                 },
@@ -675,23 +779,52 @@ impl Transport for RdmaTransport {
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        if let Some(q) = self.inbox.get_mut(&(peer, tag))
-            && let Some((data, transfer)) = q.pop_front()
-        {
-            if q.is_empty() {
-                self.inbox.remove(&(peer, tag));
+        let slot_bytes = self.config.slot_bytes();
+        let (data, transfer) = match self.take_arrived(peer, tag) {
+            None => return self.nothing_arrived(peer).map(|()| None),
+            Some(Arrived::Owned(data, transfer)) => (data, transfer),
+            Some(Arrived::InRing { seq, len }) => {
+                let mut data = self.pool.pop().unwrap_or_default();
+                data.clear();
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    data.extend_from_slice(slot_message(p, seq, len, slot_bytes));
+                    release_slot(p, seq);
+                }
+                (data, None)
             }
-            return Ok(Some(Received {
-                peer,
-                tag,
-                data,
-                transfer,
-            }));
-        }
-        match self.peers.get(&peer) {
-            None => Err(TransportError::UnknownPeer { peer }),
-            Some(p) if p.closed => Err(self.peer_closed(peer)),
-            Some(_) => Ok(None),
+        };
+        Ok(Some(Received {
+            peer,
+            tag,
+            data,
+            transfer,
+        }))
+    }
+
+    /// A one-chunk message is consumed where it landed in the ring: no copy out.
+    fn try_recv_with(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        consume: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<bool, TransportError> {
+        let slot_bytes = self.config.slot_bytes();
+        match self.take_arrived(peer, tag) {
+            None => self.nothing_arrived(peer).map(|()| false),
+            Some(Arrived::Owned(data, transfer)) => {
+                consume(&data, transfer);
+                if self.pool.len() < POOL_LIMIT {
+                    self.pool.push(data);
+                }
+                Ok(true)
+            }
+            Some(Arrived::InRing { seq, len }) => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    consume(slot_message(p, seq, len, slot_bytes), None);
+                    release_slot(p, seq);
+                }
+                Ok(true)
+            }
         }
     }
 

@@ -64,15 +64,22 @@ if [ "$bench_only" != "--bench-only" ]; then
   grep -q "rdma setup failed; falling back to tcp" \$o/auto-fallback.txt ||
     { cat \$o/auto-fallback.txt; echo "no fallback warning"; exit 1; }
 fi
-echo "== in the VM: raw verbs bandwidth (ib_write_bw, 1 MiB writes) and bcl-bench over rdma"
-ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 > \$o/ib_write_bw-server.txt 2>&1 &
-sleep 2
-ib_write_bw -d rxe0 -x 1 -s 1048576 -n 100 127.0.0.1 > \$o/ib_write_bw.txt 2>&1
-wait
-\$bench allreduce --nranks 2 --transport rdma -b 1M -e 16M -f 4 -n 5 -w 1 > \$o/bench-rdma-2.txt 2>&1
-\$bench allreduce --nranks 4 --transport rdma -b 1M -e 16M -f 4 -n 3 -w 1 > \$o/bench-rdma-4.txt 2>&1
-cat \$o/ib_write_bw.txt \$o/bench-rdma-2.txt \$o/bench-rdma-4.txt
+echo "== in the VM: raw verbs bandwidth (ib_write_bw, 1 MiB writes) around bcl-bench over rdma"
+raw() {
+  ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 > \$o/ib_write_bw-server-\$1.txt 2>&1 &
+  sleep 2
+  ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 127.0.0.1 > \$o/ib_write_bw-\$1.txt 2>&1
+  wait
+}
+raw before
+\$bench allreduce --nranks 2 --transport rdma -b 1M -e 16M -f 4 -n 5 -w 1 --json \$o/bench-allreduce-2.json > \$o/bench-allreduce-2.txt 2>&1
+\$bench broadcast --nranks 2 --transport rdma -b 16M -e 16M -n 5 -w 1 --json \$o/bench-broadcast-2.json > \$o/bench-broadcast-2.txt 2>&1
+\$bench allreduce --nranks 4 --transport rdma -b 1M -e 16M -f 4 -n 3 -w 1 --json \$o/bench-allreduce-4.json > \$o/bench-allreduce-4.txt 2>&1
+raw after
+cat \$o/bench-allreduce-2.txt \$o/bench-broadcast-2.txt \$o/bench-allreduce-4.txt
 GUEST
 )
 echo "== rdma: booting the Soft-RoCE VM"
 BCL_RDMA_VM_TIMEOUT=${BCL_RDMA_VM_TIMEOUT:-1500} bash scripts/rdma-vm.sh run "$guest" "$out_dir"
+
+python3 scripts/rdma-bench-summary.py "$out_dir" | tee "$out_dir/summary.txt"

@@ -647,7 +647,10 @@ fn receive_chunk(
     release_slot(p, seq);
     if assembly.data.len() == assembly.len {
         let transfer = several_chunks.then(|| assembly.started.elapsed());
-        return Ok(Some((assembly.tag, Arrived::Owned(assembly.data, transfer))));
+        return Ok(Some((
+            assembly.tag,
+            Arrived::Owned(assembly.data, transfer),
+        )));
     }
     p.assembling = Some(assembly);
     Ok(None)

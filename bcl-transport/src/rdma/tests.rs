@@ -126,7 +126,9 @@ fn rdma_messages_of_every_size_arrive_whole_and_in_order() {
         for to in 0..2 {
             // Tag 10 by value (copied out), tag 11 where it lies (try_recv_with).
             while let Some(m) = ts[to].try_recv(1 - to, 10).expect("recv") {
-                let want = expected[to * 2].pop_front().expect("a message that was not sent");
+                let want = expected[to * 2]
+                    .pop_front()
+                    .expect("a message that was not sent");
                 assert!(m.data == want, "message of {} bytes corrupted", want.len());
                 ts[to].release(m);
             }
@@ -323,7 +325,10 @@ fn rdma_messages_left_waiting_in_the_ring_do_not_block_later_ones() {
     for i in 0..6u8 {
         let mut got = Vec::new();
         let mut take = |bytes: &[u8], _: Option<Duration>| got = bytes.to_vec();
-        assert!(ts[1].try_recv_with(0, 1, &mut take).expect("recv"), "message {i}");
+        assert!(
+            ts[1].try_recv_with(0, 1, &mut take).expect("recv"),
+            "message {i}"
+        );
         assert_eq!(got, vec![i; 100 + i as usize]);
     }
 }

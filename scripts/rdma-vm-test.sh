@@ -4,8 +4,9 @@
 #      --transport auto still working in a build with the rdma feature;
 #   2. in one boot of the Soft-RoCE VM (scripts/rdma-vm.sh): the transport's own tests, the
 #      conformance suite over rdma × cpu and rdma × cpu+sim at 2 and 4 ranks, the communicator
-#      tests, auto falling back to tcp when a rank's rdma device cannot be opened, and a
-#      bcl-bench allreduce sweep over rdma beside ib_write_bw on the same device.
+#      tests, auto falling back to tcp when a rank's rdma device cannot be opened, auto
+#      choosing rdma between two "hosts" (network namespaces joined by a veth pair; ranks started as a launcher would, every dtype and op checked), and bcl-bench sweeps
+#      over rdma beside ib_write_bw on the same device.
 # Results of the VM run land in target/rdma-vm/out (console.log, bench-*.txt, ib_write_bw.txt).
 #   scripts/rdma-vm-test.sh [--bench-only]
 set -euo pipefail
@@ -51,6 +52,22 @@ guest=$(cat <<GUEST
 set -euo pipefail
 o=$out_abs
 bench=target/rdma-vm/bcl-bench
+# Two "hosts": network namespaces joined by a veth pair (bootstrap and setup sockets). Both use
+# rxe0: Soft-RoCE in this kernel (6.1) routes its packets in the initial namespace only, so an
+# rxe device on a veth end inside a namespace fails every write (seen: "local QP operation
+# error"); RDMA devices are shared by all namespaces, so each "host" sees an active device.
+ip netns add bcl_ha; ip netns add bcl_hb
+ip link add bcl_va type veth peer name bcl_vb
+ip link set bcl_va netns bcl_ha; ip link set bcl_vb netns bcl_hb
+ip -n bcl_ha addr add 10.252.0.1/24 dev bcl_va; ip -n bcl_ha link set bcl_va up; ip -n bcl_ha link set lo up
+ip -n bcl_hb addr add 10.252.0.2/24 dev bcl_vb; ip -n bcl_hb link set bcl_vb up; ip -n bcl_hb link set lo up
+two_hosts() {
+  local args="\$1" out="\$2"
+  local common="BCL_WORLD_SIZE=2 BCL_ROOT=10.252.0.1:29611 BCL_SECRET=rdma-vm BCL_TRANSPORT=auto BCL_INIT_TIMEOUT_S=60"
+  ip netns exec bcl_ha env \$common BCL_RANK=0 BCL_BIND_IP=10.252.0.1 \$bench \$args > \$out 2>&1 &
+  ip netns exec bcl_hb env \$common BCL_RANK=1 BCL_BIND_IP=10.252.0.2 \$bench \$args > \$out.rank1 2>&1
+  wait
+}
 if [ "$bench_only" != "--bench-only" ]; then
   echo "== in the VM: rdma transport tests"
   $transport_tests --include-ignored rdma:: --test-threads 1
@@ -63,6 +80,12 @@ if [ "$bench_only" != "--bench-only" ]; then
   grep -q "Avg bus bandwidth" \$o/auto-fallback.txt
   grep -q "rdma setup failed; falling back to tcp" \$o/auto-fallback.txt ||
     { cat \$o/auto-fallback.txt; echo "no fallback warning"; exit 1; }
+  echo "== in the VM: two hosts (network namespaces), ranks started as a launcher would: auto picks rdma"
+  two_hosts "allreduce -b 8 -e 1M -f 16 -n 2 -w 1 -d all -o all" \$o/two-hosts-check.txt
+  cat \$o/two-hosts-check.txt | tail -5
+  grep -q "Links of rank 0: 1=rdma" \$o/two-hosts-check.txt ||
+    { cat \$o/two-hosts-check.txt \$o/two-hosts-check.txt.rank1; echo "auto did not choose rdma between the two hosts"; exit 1; }
+  grep -q "Out of bounds values : 0 OK" \$o/two-hosts-check.txt
 fi
 echo "== in the VM: raw verbs bandwidth (ib_write_bw, 1 MiB writes) around bcl-bench over rdma"
 raw() {

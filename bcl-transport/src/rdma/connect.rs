@@ -10,11 +10,11 @@ use super::verbs::{QueuePair, Region};
 use super::wire::{ConnectionRecord, RECORD_LEN};
 use super::{RdmaTransport, WR_RECV, wr_id};
 use crate::error::TransportError;
-use crate::tcp::connect::{accept_all, dial};
+use crate::tcp::connect::{accept_all, dial, parse_addr};
 use crate::transport::PeerAddress;
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const AUTH_CONTEXT: &[u8] = b"bcl-rdma-setup-v1";
@@ -30,16 +30,6 @@ pub(super) struct Link {
     pub addr: String,
 }
 
-fn parse_addr(peer: usize, addr: &PeerAddress) -> Result<SocketAddr, TransportError> {
-    std::str::from_utf8(addr.as_bytes())
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| TransportError::BadAddress {
-            peer,
-            reason: format!("{addr:?} is not an rdma setup address (ip:port)"),
-        })
-}
-
 pub(super) fn connect_all(
     t: &RdmaTransport,
     local_rank: usize,
@@ -50,7 +40,7 @@ pub(super) fn connect_all(
     let mut outbound = Vec::new();
     let mut addrs = Vec::new();
     for (peer, addr) in peers {
-        let sa = parse_addr(*peer, addr)?;
+        let sa = parse_addr(*peer, addr, "an rdma setup address (ip:port)")?;
         addrs.push((*peer, sa));
         if *peer < local_rank {
             inbound.insert((*peer, 0));

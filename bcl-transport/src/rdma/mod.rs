@@ -31,7 +31,7 @@ use crate::transport::{
 };
 use std::collections::VecDeque;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -199,20 +199,8 @@ impl RdmaTransport {
         };
         let verbs = Verbs::load().map_err(|e| unavailable(e.0))?;
         let device = open_device(&verbs, &config).map_err(|e| unavailable(e.0))?;
-        let listener = TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
-            TransportError::Setup {
-                what: format!("binding the rdma setup listener on {}", config.bind_ip),
-                source,
-            }
-        })?;
-        let local = listener
-            .local_addr()
-            .map_err(|source| TransportError::Setup {
-                what: "reading the rdma setup listener's address".into(),
-                source,
-            })?;
-        let address = PeerAddress::new(local.to_string().into_bytes())
-            .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
+        let (listener, address) =
+            crate::tcp::connect::listen(config.bind_ip, "the rdma setup listener")?;
         let capabilities = Capabilities {
             name: "rdma",
             max_message: config.max_message,

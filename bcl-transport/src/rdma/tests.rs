@@ -6,7 +6,7 @@
 //! `BCL_RDMA_VM=1` makes the availability test demand a device instead.
 
 use super::*;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::thread;
 
 const IN_VM: &str = "BCL_RDMA_VM";

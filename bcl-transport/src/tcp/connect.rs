@@ -4,9 +4,10 @@
 
 use crate::auth::{Secret, exchange};
 use crate::error::TransportError;
+use crate::transport::PeerAddress;
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,40 @@ use std::time::{Duration, Instant};
 pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-tcp-v1";
 /// The longest a single stranger can hold one accept slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Listen on `ip`, an ephemeral port, and the address to publish for it. `what` names the
+/// listener in errors ("a TCP listener", "the rdma setup listener").
+pub(crate) fn listen(ip: IpAddr, what: &str) -> Result<(TcpListener, PeerAddress), TransportError> {
+    let listener =
+        TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|source| TransportError::Setup {
+            what: format!("binding {what} on {ip}"),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| TransportError::Setup {
+            what: format!("reading the address of {what}"),
+            source,
+        })?;
+    let address = PeerAddress::new(local.to_string().into_bytes())
+        .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
+    Ok((listener, address))
+}
+
+/// A peer's published `ip:port`; `what` names the kind of address in the error.
+pub(crate) fn parse_addr(
+    peer: usize,
+    addr: &PeerAddress,
+    what: &str,
+) -> Result<SocketAddr, TransportError> {
+    std::str::from_utf8(addr.as_bytes())
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| TransportError::BadAddress {
+            peer,
+            reason: format!("{addr:?} is not {what}"),
+        })
+}
 
 /// A connection that has proved the secret: (peer rank, socket index, stream).
 pub(crate) type Established = (usize, usize, TcpStream);

@@ -21,7 +21,7 @@ use crate::transport::{
 use codec::{FrameDecoder, HEADER_LEN, encode_header};
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -118,20 +118,7 @@ const POOL_LIMIT: usize = 256;
 impl TcpTransport {
     /// Listen on `config.bind_ip`, an ephemeral port.
     pub fn bind(config: TcpConfig) -> Result<Self, TransportError> {
-        let listener = TcpListener::bind(SocketAddr::new(config.bind_ip, 0)).map_err(|source| {
-            TransportError::Setup {
-                what: format!("binding a TCP listener on {}", config.bind_ip),
-                source,
-            }
-        })?;
-        let local = listener
-            .local_addr()
-            .map_err(|source| TransportError::Setup {
-                what: "reading the listener's address".into(),
-                source,
-            })?;
-        let address = PeerAddress::new(local.to_string().into_bytes())
-            .unwrap_or_else(|_| unreachable!("a socket address fits in 128 bytes"));
+        let (listener, address) = connect::listen(config.bind_ip, "a TCP listener")?;
         let capabilities = Capabilities {
             name: "tcp",
             max_message: config.max_frame,
@@ -175,16 +162,6 @@ impl TcpTransport {
             source,
         })
     }
-}
-
-fn parse_addr(peer: usize, addr: &PeerAddress) -> Result<SocketAddr, TransportError> {
-    std::str::from_utf8(addr.as_bytes())
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| TransportError::BadAddress {
-            peer,
-            reason: format!("{addr:?} is not a TCP socket address"),
-        })
 }
 
 /// Write `header` and `data` as far as the socket takes them without blocking.
@@ -261,7 +238,7 @@ impl Transport for TcpTransport {
         let mut inbound = HashSet::new();
         let mut outbound = Vec::new();
         for (peer, addr) in peers {
-            let sa = parse_addr(*peer, addr)?;
+            let sa = connect::parse_addr(*peer, addr, "a TCP socket address")?;
             for i in 0..n {
                 if *peer < local_rank {
                     inbound.insert((*peer, i));

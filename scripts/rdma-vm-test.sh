@@ -86,6 +86,17 @@ if [ "$bench_only" != "--bench-only" ]; then
   grep -q "Links of rank 0: 1=rdma" \$o/two-hosts-check.txt ||
     { cat \$o/two-hosts-check.txt \$o/two-hosts-check.txt.rank1; echo "auto did not choose rdma between the two hosts"; exit 1; }
   grep -q "Out of bounds values : 0 OK" \$o/two-hosts-check.txt
+  echo "== in the VM: a host that may not pin memory (no CAP_IPC_LOCK, 64 KiB memlock): that pair falls back to tcp"
+  common="BCL_WORLD_SIZE=2 BCL_ROOT=10.252.0.1:29612 BCL_SECRET=rdma-vm BCL_TRANSPORT=auto BCL_INIT_TIMEOUT_S=60"
+  args="allreduce -b 8 -e 64K -f 8 -n 2 -w 1"
+  ip netns exec bcl_ha env \$common BCL_RANK=0 BCL_BIND_IP=10.252.0.1 \$bench \$args > \$o/refused.txt 2>&1 &
+  ip netns exec bcl_hb setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock \\
+    bash -c "ulimit -l 64 && exec env \$common BCL_RANK=1 BCL_BIND_IP=10.252.0.2 \$bench \$args" > \$o/refused.txt.rank1 2>&1
+  wait
+  grep -q "Links of rank 0: 1=tcp" \$o/refused.txt && grep -q "Out of bounds values : 0 OK" \$o/refused.txt &&
+    grep -q "falling back to tcp for this peer" \$o/refused.txt && grep -q "ibv_reg_mr" \$o/refused.txt.rank1 ||
+    { cat \$o/refused.txt \$o/refused.txt.rank1; echo "no fallback to tcp for the refused pair"; exit 1; }
+  grep -m1 "falling back" \$o/refused.txt
 fi
 echo "== in the VM: raw verbs bandwidth (ib_write_bw, 1 MiB writes) around bcl-bench over rdma"
 raw() {

@@ -142,11 +142,26 @@ impl Endpoint {
             .filter(|p| p.rank != rank)
             .map(|p| (p.rank, p.address.clone()))
             .collect();
-        let mut transport: Box<dyn Transport> = match self {
-            Endpoint::Single(t, kind) => {
+        let connect_with = |t: &mut dyn Transport| {
+            t.connect(rank, &connect, deadline).map_err(|e| match e {
+                TransportError::ConnectTimeout { missing, .. } => Error::BootstrapTimeout {
+                    rank,
+                    missing,
+                    waited_s: started.elapsed().as_secs_f64(),
+                    detail: "connecting the transport".into(),
+                },
+                other => Error::Bootstrap {
+                    rank,
+                    reason: other.to_string(),
+                },
+            })
+        };
+        let transport: Box<dyn Transport> = match self {
+            Endpoint::Single(mut t, kind) => {
                 for p in peers.iter().filter(|p| p.rank != rank) {
                     links[p.rank] = Some(kind);
                 }
+                connect_with(t.as_mut())?;
                 t
             }
             Endpoint::Routed(mut routes) => {
@@ -162,26 +177,16 @@ impl Endpoint {
                     routes
                         .set_route(p.rank, kind.name())
                         .map_err(|reason| Error::Bootstrap { rank, reason })?;
-                    links[p.rank] = Some(kind);
+                }
+                connect_with(&mut routes)?;
+                // Connecting may move a peer to tcp (its rdma setup failed on either end).
+                for p in peers.iter().filter(|p| p.rank != rank) {
+                    links[p.rank] = LinkKind::from_name(routes.route_of(p.rank));
                 }
                 Box::new(routes)
             }
         };
         tracing::debug!(rank, ?links, "links chosen");
-        transport
-            .connect(rank, &connect, deadline)
-            .map_err(|e| match e {
-                TransportError::ConnectTimeout { missing, .. } => Error::BootstrapTimeout {
-                    rank,
-                    missing,
-                    waited_s: started.elapsed().as_secs_f64(),
-                    detail: "connecting the transport".into(),
-                },
-                other => Error::Bootstrap {
-                    rank,
-                    reason: other.to_string(),
-                },
-            })?;
         Ok((transport, links))
     }
 }

@@ -57,6 +57,13 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
+    /// The kind a transport of this name carries ("tcp", "shm", "rdma", "mem").
+    pub fn from_name(name: &str) -> Option<LinkKind> {
+        [LinkKind::Mem, LinkKind::Tcp, LinkKind::Shm, LinkKind::Rdma]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             LinkKind::Mem => "mem",

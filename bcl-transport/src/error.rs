@@ -61,6 +61,13 @@ pub enum TransportError {
         device: String,
         what: String,
     },
+    /// A transport could not connect with a peer and there is no other way to it.
+    #[error("{transport} could not connect with rank {peer}: {reason}")]
+    Refused {
+        peer: usize,
+        transport: &'static str,
+        reason: String,
+    },
     /// A fault injected by a test through the in-process transport.
     #[error("link rank {from} -> rank {to}: injected fault: {what}")]
     Injected {
@@ -80,7 +87,8 @@ impl TransportError {
             | TransportError::UnknownPeer { peer }
             | TransportError::TooLarge { peer, .. }
             | TransportError::BadAddress { peer, .. }
-            | TransportError::LinkFailed { peer, .. } => Some(*peer),
+            | TransportError::LinkFailed { peer, .. }
+            | TransportError::Refused { peer, .. } => Some(*peer),
             TransportError::Injected { to, .. } => Some(*to),
             _ => None,
         }

@@ -96,6 +96,55 @@ impl Routes {
         self.route.get(peer).copied().flatten().unwrap_or(0)
     }
 
+    /// Route the peers a part refused at connect (see [`Transport::take_refused`]) to the tcp
+    /// part and connect them there; both ends of each such pair do the same. Without a tcp part
+    /// (the rdma transport forced) a refusal is an error naming the peer.
+    fn fall_back_to_tcp(
+        &mut self,
+        local_rank: usize,
+        peers: &[(usize, PeerAddress)],
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
+        let tcp = self
+            .parts
+            .iter()
+            .position(|p| p.capabilities().name == "tcp");
+        for i in 0..self.parts.len() {
+            let refused = self.parts[i].take_refused();
+            let name = self.parts[i].capabilities().name;
+            let Some((first, reason)) = refused.first() else {
+                continue;
+            };
+            let Some(tcp) = tcp.filter(|&t| t != i) else {
+                return Err(TransportError::Refused {
+                    peer: *first,
+                    transport: name,
+                    reason: reason.clone(),
+                });
+            };
+            let mut group = Vec::new();
+            for (peer, reason) in refused {
+                tracing::warn!(rank = local_rank, peer, %reason, "{name} refused; falling back to tcp for this peer");
+                let address = peers
+                    .iter()
+                    .find(|(p, _)| *p == peer)
+                    .and_then(|(_, a)| part_address(a, "tcp"))
+                    .ok_or_else(|| TransportError::Refused {
+                        peer,
+                        transport: name,
+                        reason: format!("{reason}, and it offers no tcp endpoint to fall back to"),
+                    })?;
+                if self.route.len() <= peer {
+                    self.route.resize(peer + 1, None);
+                }
+                self.route[peer] = Some(tcp);
+                group.push((peer, address));
+            }
+            self.parts[tcp].connect(local_rank, &group, deadline)?;
+        }
+        Ok(())
+    }
+
     fn part(&mut self, peer: usize) -> &mut dyn Transport {
         let i = self.index(peer);
         self.parts[i].as_mut()
@@ -132,7 +181,7 @@ impl Transport for Routes {
                 part.connect(local_rank, &group, deadline)?;
             }
         }
-        Ok(())
+        self.fall_back_to_tcp(local_rank, peers, deadline)
     }
 
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {

@@ -157,6 +157,13 @@ pub trait Transport: Send + fmt::Debug {
     /// The sleep that [`Transport::prepare_wait`] prepared is over: disarm wake-ups.
     fn after_wait(&mut self) {}
 
+    /// Peers `connect` agreed with to carry no traffic over this transport (both ends refuse
+    /// alike: the RDMA setup of the pair failed), with the reason. Taken once, after `connect`;
+    /// [`crate::routes::Routes`] sends them over tcp instead.
+    fn take_refused(&mut self) -> Vec<(usize, String)> {
+        Vec::new()
+    }
+
     /// Whether every queued send has left this process.
     fn flushed(&self) -> bool;
 

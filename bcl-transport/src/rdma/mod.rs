@@ -171,6 +171,8 @@ pub struct RdmaTransport {
     pool: Vec<Vec<u8>>,
     completions: Vec<Completion>,
     last_socket_check: Instant,
+    /// Peers whose link both ends refused at connect, with the reason (see `take_refused`).
+    refused: Vec<(usize, String)>,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -220,6 +222,7 @@ impl RdmaTransport {
             pool: Vec::new(),
             completions: Vec::new(),
             last_socket_check: Instant::now(),
+            refused: Vec::new(),
         })
     }
 
@@ -660,7 +663,17 @@ impl Transport for RdmaTransport {
         deadline: Instant,
     ) -> Result<(), TransportError> {
         self.local_rank = local_rank;
-        let connected = connect::connect_all(self, local_rank, peers, deadline)?;
+        let (connected, refused) = connect::connect_all(self, local_rank, peers, deadline)?;
+        for (peer, reason) in &refused {
+            tracing::warn!(
+                rank = local_rank,
+                peer,
+                device = %self.device.label(),
+                %reason,
+                "rdma link refused"
+            );
+        }
+        self.refused = refused;
         for (peer, link) in connected {
             self.by_qp.insert(link.qp.num(), peer);
             self.peers.insert(
@@ -900,6 +913,10 @@ impl Transport for RdmaTransport {
         self.peers
             .values()
             .all(|p| p.closed || p.outgoing.is_empty())
+    }
+
+    fn take_refused(&mut self) -> Vec<(usize, String)> {
+        std::mem::take(&mut self.refused)
     }
 
     fn peer_lost(&self, peer: usize) -> bool {

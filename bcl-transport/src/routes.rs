@@ -297,4 +297,139 @@ mod tests {
         assert_eq!(part_address(&garbage, "tcp"), None);
         assert!(Routes::new(Vec::new()).is_err());
     }
+
+    /// A part under another name that delegates to a mem endpoint and, when `refuse` is set,
+    /// refuses every peer at connect (as the rdma transport does when a pair's setup fails).
+    #[derive(Debug)]
+    struct Named {
+        inner: crate::mem::MemTransport,
+        capabilities: Capabilities,
+        refuse: bool,
+        refused: Vec<(usize, String)>,
+    }
+
+    impl Named {
+        fn new(inner: crate::mem::MemTransport, name: &'static str, refuse: bool) -> Box<Self> {
+            let capabilities = Capabilities {
+                name,
+                ..inner.capabilities().clone()
+            };
+            Box::new(Named {
+                inner,
+                capabilities,
+                refuse,
+                refused: Vec::new(),
+            })
+        }
+    }
+
+    impl Transport for Named {
+        fn capabilities(&self) -> &Capabilities {
+            &self.capabilities
+        }
+        fn address(&self) -> &PeerAddress {
+            self.inner.address()
+        }
+        fn connect(
+            &mut self,
+            local_rank: usize,
+            peers: &[(usize, PeerAddress)],
+            deadline: Instant,
+        ) -> Result<(), TransportError> {
+            if self.refuse {
+                self.refused = peers
+                    .iter()
+                    .map(|(p, _)| (*p, "no pinned memory".into()))
+                    .collect();
+                return Ok(());
+            }
+            self.inner.connect(local_rank, peers, deadline)
+        }
+        fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
+            self.inner.try_send(peer, tag, data)
+        }
+        fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
+            self.inner.try_recv(peer, tag)
+        }
+        fn release(&mut self, message: Received) {
+            self.inner.release(message)
+        }
+        fn progress(&mut self) -> Result<bool, TransportError> {
+            self.inner.progress()
+        }
+        fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
+            self.inner.wait(timeout)
+        }
+        fn take_refused(&mut self) -> Vec<(usize, String)> {
+            std::mem::take(&mut self.refused)
+        }
+        fn flushed(&self) -> bool {
+            self.inner.flushed()
+        }
+        fn peer_lost(&self, peer: usize) -> bool {
+            self.inner.peer_lost(peer)
+        }
+    }
+
+    #[test]
+    fn peers_a_part_refuses_go_over_tcp_and_without_tcp_the_refusal_is_an_error() {
+        let (tcp, rdma) = (MemFabric::new(2), MemFabric::new(2));
+        let mut ranks: Vec<Routes> = (0..2)
+            .map(|r| {
+                Routes::new(vec![
+                    Named::new(tcp.endpoint(r), "tcp", false),
+                    Named::new(rdma.endpoint(r), "rdma", true),
+                ])
+                .expect("routes")
+            })
+            .collect();
+        let addresses: Vec<PeerAddress> = ranks.iter().map(|r| r.address().clone()).collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (rank, routes) in ranks.iter_mut().enumerate() {
+            let peer = 1 - rank;
+            routes.set_route(peer, "rdma").expect("route");
+            routes
+                .connect(rank, &[(peer, addresses[peer].clone())], deadline)
+                .expect("connect falls back");
+            assert_eq!(routes.route_of(peer), "tcp");
+        }
+        assert!(ranks[0].try_send(1, 7, b"over tcp").expect("send"));
+        let until = Instant::now() + Duration::from_secs(5);
+        let got = loop {
+            ranks[0].progress().expect("progress");
+            ranks[1].progress().expect("progress");
+            if let Some(m) = ranks[1].try_recv(0, 7).expect("recv") {
+                break m.data;
+            }
+            assert!(Instant::now() < until, "the message did not arrive");
+        };
+        assert_eq!(got, b"over tcp");
+
+        let fabric = MemFabric::new(2);
+        let mut alone =
+            Routes::new(vec![Named::new(fabric.endpoint(0), "rdma", true)]).expect("routes");
+        let peer_address = Routes::new(vec![Named::new(fabric.endpoint(1), "rdma", true)])
+            .expect("routes")
+            .address()
+            .clone();
+        let e = alone
+            .connect(0, &[(1, peer_address)], deadline)
+            .expect_err("no tcp to fall back to");
+        assert!(
+            matches!(
+                e,
+                TransportError::Refused {
+                    peer: 1,
+                    transport: "rdma",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("rdma could not connect with rank 1: no pinned memory"),
+            "{e}"
+        );
+    }
 }

@@ -87,6 +87,11 @@ impl RdmaConfig {
     fn slot_bytes(&self) -> usize {
         SLOT_HEADER + self.slot_payload
     }
+
+    /// (chunk bytes per slot, slots, slot bytes with the header): what `post_chunk` needs.
+    fn geometry(&self) -> (usize, u64, usize) {
+        (self.slot_payload, u64::from(self.slots), self.slot_bytes())
+    }
 }
 
 /// What the verbs stack of this machine offers: the devices and their ports, or why none.
@@ -352,9 +357,8 @@ impl RdmaTransport {
 
     /// Post what the peers' credits allow: data chunks, then credit returns.
     fn pump(&mut self) -> Result<bool, TransportError> {
-        let slots = u64::from(self.config.slots);
-        let slot_bytes = self.config.slot_bytes();
-        let payload = self.config.slot_payload;
+        let geometry = self.config.geometry();
+        let (_, slots, _) = geometry;
         let mut moved = false;
         let mut failure = None;
         for (&peer, p) in self.peers.iter_mut() {
@@ -365,18 +369,15 @@ impl RdmaTransport {
                 let Some(mut front) = p.outgoing.pop_front() else {
                     break;
                 };
-                let chunk = (front.data.len() - front.sent).min(payload);
-                let header = ChunkHeader {
-                    tag: front.tag,
-                    message_len: front.data.len() as u32,
-                    chunk_len: chunk as u32,
+                let chunk = match post_chunk(p, peer, front.tag, &front.data, front.sent, geometry)
+                {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        p.outgoing.push_front(front);
+                        failure = Some((peer, e));
+                        break;
+                    }
                 };
-                let bytes = &front.data[front.sent..front.sent + chunk];
-                if let Err(e) = post_chunk(p, peer, &header, bytes, slots, slot_bytes) {
-                    p.outgoing.push_front(front);
-                    failure = Some((peer, e));
-                    break;
-                }
                 moved = true;
                 front.sent += chunk;
                 p.queued -= chunk;
@@ -519,15 +520,23 @@ fn has_room(posted: u64, credited: u64, send_done: u64, slots: u64) -> bool {
     posted - credited < slots && posted - send_done < slots
 }
 
-/// Copy one chunk into the next send slot and write it to the peer's ring.
+/// Copy the chunk of `message` that starts at `from` (at most one slot's `payload`) into the
+/// next send slot and write it to the peer's ring. Returns the chunk's length.
 fn post_chunk(
     p: &mut Peer,
     peer: usize,
-    header: &ChunkHeader,
-    bytes: &[u8],
-    slots: u64,
-    slot_bytes: usize,
-) -> Result<(), verbs::VerbsError> {
+    tag: Tag,
+    message: &[u8],
+    from: usize,
+    geometry: (usize, u64, usize),
+) -> Result<usize, verbs::VerbsError> {
+    let (payload, slots, slot_bytes) = geometry;
+    let bytes = &message[from..from + (message.len() - from).min(payload)];
+    let header = ChunkHeader {
+        tag,
+        message_len: message.len() as u32,
+        chunk_len: bytes.len() as u32,
+    };
     let slot = (p.posted % slots) as usize;
     let at = slot * slot_bytes;
     let len = SLOT_HEADER + bytes.len();
@@ -544,7 +553,7 @@ fn post_chunk(
         imm,
     )?;
     p.posted += 1;
-    Ok(())
+    Ok(bytes.len())
 }
 
 /// Chunk `seq` is done with: free its slot, and every slot after it that is done too (slots
@@ -707,9 +716,8 @@ impl Transport for RdmaTransport {
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
         let max = self.config.max_message;
         let limit = self.config.max_queued_per_peer;
-        let slots = u64::from(self.config.slots);
-        let slot_bytes = self.config.slot_bytes();
-        let payload = self.config.slot_payload;
+        let geometry = self.config.geometry();
+        let (payload, slots, _) = geometry;
         let closed = match self.peers.get(&peer) {
             None => return Err(TransportError::UnknownPeer { peer }),
             Some(p) => p.closed,
@@ -748,19 +756,14 @@ impl Transport for RdmaTransport {
             while (!posted_any || sent < data.len())
                 && has_room(p.posted, p.credited, p.send_done, slots)
             {
-                let chunk = (data.len() - sent).min(payload);
-                let header = ChunkHeader {
-                    tag,
-                    message_len: data.len() as u32,
-                    chunk_len: chunk as u32,
-                };
-                let bytes = &data[sent..sent + chunk];
-                if let Err(e) = post_chunk(p, peer, &header, bytes, slots, slot_bytes) {
-                    self.pool.push(buf);
-                    return Err(self.verbs_error(peer, e));
+                match post_chunk(p, peer, tag, data, sent, geometry) {
+                    Ok(chunk) => sent += chunk,
+                    Err(e) => {
+                        self.pool.push(buf);
+                        return Err(self.verbs_error(peer, e));
+                    }
                 }
                 posted_any = true;
-                sent += chunk;
             }
         }
         if posted_any && sent == data.len() {

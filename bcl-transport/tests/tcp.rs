@@ -86,6 +86,42 @@ fn messages_arrive_by_tag_over_several_sockets() {
     }
 }
 
+/// Frames of every size around the receive stage (16 KiB), sent back to back so that one read
+/// takes several whole frames, a frame's header without its payload, or a payload's middle:
+/// each arrives whole, under its tag, with its bytes.
+#[test]
+fn back_to_back_frames_of_mixed_sizes_arrive_whole() {
+    let sizes = [
+        0usize, 1, 7, 36, 16_351, 16_352, 16_368, 16_384, 16_400, 3, 0, 40_000, 5, 100_000, 16_383,
+        2,
+    ];
+    for sockets in [1, 2] {
+        let mut ts = mesh(2, sockets);
+        let (a, b) = ts.split_at_mut(1);
+        let (a, b) = (&mut a[0], &mut b[0]);
+        let frame = |tag: usize, len: usize| -> Vec<u8> {
+            (0..len).map(|i| (i * 31 + tag * 7) as u8).collect()
+        };
+        for (tag, &len) in sizes.iter().enumerate() {
+            while !a.try_send(1, tag as u64, &frame(tag, len)).expect("send") {
+                a.progress().expect("progress");
+            }
+        }
+        while !a.flushed() {
+            a.progress().expect("progress");
+            b.progress().expect("progress");
+        }
+        for (tag, &len) in sizes.iter().enumerate() {
+            let got = recv_blocking(b, 0, tag as u64).expect("recv");
+            assert_eq!(
+                got,
+                frame(tag, len),
+                "frame {tag} ({len} bytes), {sockets} sockets"
+            );
+        }
+    }
+}
+
 #[test]
 fn four_ranks_full_mesh_exchange() {
     let mut ts = mesh(4, 1);

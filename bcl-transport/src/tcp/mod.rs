@@ -5,8 +5,10 @@
 //! [`crate::auth`]) and introduces itself. Data path: `try_send` copies a message into a
 //! pooled buffer queued on the peer's next socket (round robin, so consecutive slices stream
 //! over different sockets) and writes what the socket takes at once; `progress` writes queued
-//! frames with `writev` and reads arriving frames straight into pooled buffers; `wait` sleeps in
-//! `poll(2)`. A peer that closes its sockets is reported when a send or receive needs it and
+//! frames with `writev` and reads arriving frames: small ones through a 16 KiB stage (a frame's
+//! header and payload, or several frames, in one `recv`), long payloads straight into pooled
+//! buffers; a read that comes back short ends the socket's turn (no `recv` that would only say
+//! "would block"); `wait` sleeps in `poll(2)`. A peer that closes its sockets is reported when a send or receive needs it and
 //! nothing it sent is left unread.
 
 pub mod codec;
@@ -78,7 +80,27 @@ struct Conn {
     decoder: FrameDecoder,
     /// When the first bytes of the frame being received were read.
     frame_started: Option<Instant>,
+    /// Bytes read ahead of the decoder: a small frame's header and payload come in one
+    /// `recv`, not one for each (allocated on first use; always wholly fed to the decoder
+    /// before the read returns, so no byte waits here unseen by `poll(2)`).
+    stage: Vec<u8>,
     closed: bool,
+}
+
+/// Bytes a socket reads ahead of its decoder. A payload part at least this long is read
+/// straight into the frame's buffer instead, so large messages are not copied twice.
+const STAGE_BYTES: usize = 16 << 10;
+
+/// What one read from a socket did.
+enum ReadOutcome {
+    /// The socket gave as many bytes as were asked for: there may be more.
+    Full,
+    /// It gave fewer: it is drained for now, and another read would only say "would block".
+    Short,
+    /// Nothing to read now.
+    Empty,
+    /// The peer closed the connection.
+    Closed,
 }
 
 struct Peer {
@@ -315,6 +337,7 @@ impl Transport for TcpTransport {
                 out: VecDeque::new(),
                 decoder: FrameDecoder::new(self.config.max_frame),
                 frame_started: None,
+                stage: Vec::new(),
                 closed: false,
             };
             self.peer_mut(peer)?.conns.push(conn);
@@ -447,48 +470,35 @@ impl Transport for TcpTransport {
                     })?;
                     moved |= n > 0;
                 }
-                // Read what is there, bounded so one busy socket does not starve the others.
+                // Read what is there, bounded so one busy socket does not starve the others,
+                // and only until a read comes back short (the socket is then drained: one more
+                // read would be a system call that says "would block").
                 for _ in 0..if readable { 64 } else { 0 } {
-                    let want = conn.decoder.want();
-                    match conn.stream.read(want) {
-                        Ok(0) => {
-                            conn.closed = true;
-                            break;
-                        }
-                        Ok(n) => {
-                            moved = true;
-                            let now = Instant::now();
-                            let started = *conn.frame_started.get_or_insert(now);
-                            let pool = &mut self.pool;
-                            let frame = conn
-                                .decoder
-                                .advance(n, || pool.pop().unwrap_or_default())
-                                .map_err(|e| TransportError::Protocol {
-                                    peer,
-                                    addr: p.addr.clone(),
-                                    reason: e.to_string(),
-                                })?;
-                            if let Some(f) = frame {
-                                conn.frame_started = None;
-                                self.inbox
-                                    .entry((peer, f.tag))
-                                    .or_default()
-                                    .push_back((f.payload, now - started));
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                            conn.closed = true;
-                            break;
-                        }
-                        Err(source) => {
-                            return Err(TransportError::Io {
+                    let read = conn
+                        .read_some(&mut self.pool, &mut self.inbox, peer)
+                        .map_err(|e| match e {
+                            ReadError::Io(source) => TransportError::Io {
                                 op: "receive",
                                 peer,
                                 addr: p.addr.clone(),
                                 source,
-                            });
+                            },
+                            ReadError::Decode(e) => TransportError::Protocol {
+                                peer,
+                                addr: p.addr.clone(),
+                                reason: e.to_string(),
+                            },
+                        })?;
+                    match read {
+                        ReadOutcome::Full => moved = true,
+                        ReadOutcome::Short => {
+                            moved = true;
+                            break;
+                        }
+                        ReadOutcome::Empty => break,
+                        ReadOutcome::Closed => {
+                            conn.closed = true;
+                            break;
                         }
                     }
                 }
@@ -532,6 +542,87 @@ impl Transport for TcpTransport {
         self.peers
             .values()
             .all(|p| p.closed || p.conns.iter().all(|c| c.out.is_empty()))
+    }
+}
+
+/// Why a socket's bytes could not be taken.
+enum ReadError {
+    Io(io::Error),
+    Decode(codec::DecodeError),
+}
+
+impl Conn {
+    /// One `recv` from the socket: into the frame's own buffer when the decoder wants a long
+    /// payload part, else into the stage, whose bytes are then fed to the decoder; completed
+    /// frames go to `inbox`.
+    fn read_some(
+        &mut self,
+        pool: &mut Vec<Vec<u8>>,
+        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        peer: usize,
+    ) -> Result<ReadOutcome, ReadError> {
+        let direct = self.decoder.want().len() >= STAGE_BYTES;
+        let result = if direct {
+            let want = self.decoder.want();
+            let asked = want.len();
+            self.stream.read(want).map(|n| (n, asked))
+        } else {
+            if self.stage.is_empty() {
+                self.stage = vec![0; STAGE_BYTES];
+            }
+            self.stream.read(&mut self.stage).map(|n| (n, STAGE_BYTES))
+        };
+        let (n, asked) = match result {
+            Ok((0, _)) => return Ok(ReadOutcome::Closed),
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Empty),
+            // Interrupted: nothing was read; the next progress round reads again.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(ReadOutcome::Empty),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(ReadOutcome::Closed),
+            Err(e) => return Err(ReadError::Io(e)),
+        };
+        let now = Instant::now();
+        if direct {
+            self.take(n, now, pool, inbox, peer)?;
+        } else {
+            let mut fed = 0;
+            while fed < n {
+                let want = self.decoder.want();
+                let k = want.len().min(n - fed);
+                want[..k].copy_from_slice(&self.stage[fed..fed + k]);
+                fed += k;
+                self.take(k, now, pool, inbox, peer)?;
+            }
+        }
+        Ok(if n < asked {
+            ReadOutcome::Short
+        } else {
+            ReadOutcome::Full
+        })
+    }
+
+    /// `n` bytes were written where the decoder wanted them, at `now`.
+    fn take(
+        &mut self,
+        n: usize,
+        now: Instant,
+        pool: &mut Vec<Vec<u8>>,
+        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        peer: usize,
+    ) -> Result<(), ReadError> {
+        let started = *self.frame_started.get_or_insert(now);
+        let frame = self
+            .decoder
+            .advance(n, || pool.pop().unwrap_or_default())
+            .map_err(ReadError::Decode)?;
+        if let Some(f) = frame {
+            self.frame_started = None;
+            inbox
+                .entry((peer, f.tag))
+                .or_default()
+                .push_back((f.payload, now - started));
+        }
+        Ok(())
     }
 }
 

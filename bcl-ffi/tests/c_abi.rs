@@ -41,15 +41,24 @@ fn run_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Compile `source` against the shared (static = false) or static library.
+/// Compile `source` (in bcl-ffi/tests/c) against the shared (static = false) or static library.
 fn compile(source: &str, name: &str, static_link: bool) -> PathBuf {
+    compile_at(
+        &root().join("bcl-ffi/tests/c").join(source),
+        name,
+        static_link,
+    )
+}
+
+/// Compile the C file at `source` against the shared (static = false) or static library.
+fn compile_at(source: &Path, name: &str, static_link: bool) -> PathBuf {
     let (lib, out) = (lib_dir(), out_dir().join(name));
     let mut cmd = Command::new("gcc");
     cmd.args([
         "-std=c99", "-pthread", "-Wall", "-Wextra", "-Werror", "-O1", "-o",
     ])
     .arg(&out)
-    .arg(root().join("bcl-ffi/tests/c").join(source))
+    .arg(source)
     .arg("-I")
     .arg(root().join("include"));
     if static_link {
@@ -68,7 +77,7 @@ fn compile(source: &str, name: &str, static_link: bool) -> PathBuf {
             .arg("-lbcl")
             .arg(format!("-Wl,-rpath,{}", lib.display()));
     }
-    run_ok(&mut cmd, &format!("gcc {source}"));
+    run_ok(&mut cmd, &format!("gcc {}", source.display()));
     out
 }
 
@@ -188,6 +197,54 @@ fn counts_that_differ_between_ranks_are_a_mismatch_then_poison() {
 #[test]
 fn abort_from_another_thread_fails_the_call_in_flight_on_every_rank() {
     run_ranks(&compile("abort.c", "abort", false), 2);
+}
+
+/// The timing harness of `scripts/compare-baselines.sh` (the MPI harness of the baselines,
+/// ported onto bcl.h), started by OpenMPI's mpirun as in the comparison: every size's result
+/// checked by the harness itself, out of place and in place.
+#[test]
+fn allreduce_timing_harness_runs_under_mpirun_and_checks_its_results() {
+    let exe = compile_at(
+        &root().join("benches/c/bcl_allreduce_bench.c"),
+        "bcl-allreduce-bench",
+        false,
+    );
+    for in_place in [false, true] {
+        let mut cmd = Command::new("timeout");
+        cmd.args([
+            "120",
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "3",
+        ])
+        .args(["-x", "BCL_TRANSPORT=tcp", "-x", "BCL_TIMEOUT_S=30"])
+        .arg(&exe)
+        .args(["-s", "8,1K,64K,1M,3M", "-t", "0.02", "-m", "3", "-w", "2"]);
+        if in_place {
+            cmd.arg("-i");
+        }
+        let out = run_ok(&mut cmd, "mpirun bcl_allreduce_bench");
+        assert!(
+            out.contains("ranks=3 ") && out.contains(&format!("inplace={}", u8::from(in_place))),
+            "{out}"
+        );
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("size_B"))
+            .map(|l| l.split_whitespace().collect())
+            .filter(|r: &Vec<&str>| !r.is_empty())
+            .collect();
+        let sizes: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+        assert_eq!(sizes, ["8", "1024", "65536", "1048576", "3145728"], "{out}");
+        for r in &rows {
+            assert_eq!(r.len(), 10, "{out}");
+            assert_eq!(r[9], "ok", "the harness found a wrong result: {out}");
+            let median: f64 = r[3].parse().expect("median_us");
+            assert!(median > 0.0, "{out}");
+        }
+    }
 }
 
 #[test]

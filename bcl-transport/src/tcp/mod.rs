@@ -8,8 +8,8 @@
 //! frames with `writev` and reads arriving frames: small ones through a 16 KiB stage (a frame's
 //! header and payload, or several frames, in one `recv`), long payloads straight into pooled
 //! buffers; a read that comes back short ends the socket's turn (no `recv` that would only say
-//! "would block"); `wait` sleeps in `poll(2)`. A peer that closes its sockets is reported when a send or receive needs it and
-//! nothing it sent is left unread.
+//! "would block"); `wait` sleeps in `poll(2)`. A peer that closes its sockets is reported when
+//! a send or receive needs it and nothing it sent is left unread.
 
 pub mod codec;
 pub(crate) mod connect;

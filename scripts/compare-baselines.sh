@@ -88,6 +88,8 @@ for r in $(seq "$rounds"); do
     done
     if [ "$mode" = tcp ]; then
       loopback "$np" "$out/loopback-np$np-r$r.txt"
+      # Memory bandwidth of a+b->c on both cores (what a reduction needs at best).
+      OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$B/membw" > "$out/membw-np$np-r$r.txt" 2>&1
       # 52 B: the frame of BCL's 8 B allreduce (16 B header, 28 B signature bundle, 8 B).
       [ "$np" = 2 ] && timeout 300 "$floor" -s 52 -n 20000 -w 1000 > "$out/floor-np2-r$r.txt"
     fi
@@ -136,6 +138,14 @@ for np in (2, 4):
     t = [float(open(p).read().split()[0]) for p in glob.glob(f"{out}/loopback-np{np}-r*.txt")]
     if t:
         loop[np] = (statistics.median(t), min(t), max(t))
+# STREAM "add" (reads a, b, writes c; GB/s counts all three): a reduction of R output bytes
+# moves 3R, so the (p-1)S bytes an allreduce reduces in all take 3(p-1)S/A on this machine.
+adds = [float(l.split()[2]) for p in glob.glob(f"{out}/membw-np*-r*.txt") for l in open(p) if l.startswith("add ")]
+add = statistics.median(adds) if adds else None
+def cpu_bound(np):
+    # Socket work at the loopback rate and the reduction at memory speed share the same cores:
+    # t/S = 2(p-1)/T_p + 3(p-1)/A; busbw = 2(p-1)/p / (t/S).
+    return 2 * (np - 1) / np / (2 * (np - 1) / loop[np][0] + 3 * (np - 1) / add)
 floors = [harness(p).get(52) for p in glob.glob(f"{out}/floor-np2-r*.txt")]
 floors = [f[0] for f in floors if f]
 names = {"bclh": f"BCL {mode}", "bcl": f"BCL {mode} (bcl-bench)", "bcltcp": "BCL tcp (bcl-bench)",
@@ -149,9 +159,10 @@ best_name = "best peer" if len(peers) > 1 else names[peers[0]]
 for np in (2, 4):
     head = "| size | " + " | ".join(f"{names[l]} time | {names[l]} busbw" for l in libs) + f" | BCL / {best_name} busbw |"
     cols = 2 * len(libs) + 2
-    if np in loop:
-        head += " loopback bound busbw | BCL / bound |"
-        cols += 2
+    bounded = np in loop and add
+    if bounded:
+        head += " loopback bound busbw | CPU model busbw | BCL / CPU model |"
+        cols += 3
     lines += [f"### {np} ranks", "", head, "|---" * cols + "|"]
     for s in sizes:
         cells = []
@@ -166,9 +177,9 @@ for np in (2, 4):
         best = max((med.get((l, np, s), (0, 0, 0))[2] for l in peers), default=0)
         b = med.get(("bclh", np, s), (0, 0, 0))[2]
         cells.append(f"{b / best:.2f}x" if best > 0 and s >= 1 << 20 else "-")
-        if np in loop:
-            bound = loop[np][0] / np
-            cells += [f"{bound:.3f}", f"{b / bound:.0%}"] if s >= 1 << 20 else ["-", "-"]
+        if bounded:
+            bound, tight = loop[np][0] / np, cpu_bound(np)
+            cells += [f"{bound:.3f}", f"{tight:.3f}", f"{b / tight:.0%}"] if s >= 16 << 20 else ["-"] * 3
         lines.append(f"| {human(s)} | " + " | ".join(cells) + " |")
     lines.append("")
     m8 = {l: med.get((l, np, 8)) for l in libs}
@@ -179,11 +190,14 @@ for np in (2, 4):
             parts.append(f"the TCP exchange floor (`tcp_exchange_floor`, one 52 B frame each way) "
                          f"{statistics.median(floors):.1f} µs (rounds: {', '.join(f'{f:.1f}' for f in sorted(floors))})")
         lines += ["; ".join(parts) + ".", ""]
-    if np in loop:
+    if bounded:
         t = loop[np]
-        lines += [f"Loopback: {np} iperf3 pairs at once move {t[0]:.2f} GB/s in all (rounds {t[1]:.2f}-{t[2]:.2f}), "
-                  f"so no allreduce of {np} ranks over loopback TCP can pass busbw {t[0] / np:.3f} GB/s "
-                  f"(each rank sends and receives 2({np}-1)/{np} of the data).", ""]
+        lines += [f"Bounds, {np} ranks (shown from 16 MiB: smaller messages are served partly from the caches and can pass them): {np} iperf3 "
+                  f"pairs at once stream {t[0]:.2f} GB/s through loopback TCP in all (rounds {t[1]:.2f}-{t[2]:.2f}); "
+                  f"each rank of a bandwidth-optimal allreduce sends and receives 2({np}-1)/{np} of the data, "
+                  f"so busbw <= {t[0] / np:.3f} GB/s. The reduction needs the same cores: with STREAM add at "
+                  f"{add:.1f} GB/s (both cores), the CPU model (socket work at the loopback rate plus the "
+                  f"reduction at memory speed, one after the other on the same cores) gives {cpu_bound(np):.3f} GB/s.", ""]
 open(f"{out}/table.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 for lib in libs:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Measures the constants of the allreduce cost model (bcl-core/src/schedule/cost.rs) for one
-# link class: bcl-bench allreduce with the ring and with recursive doubling forced, 2 and 4
-# ranks, 8 B .. 4 MiB, ROUNDS interleaved rounds (this VM flips speed: A B A B), then a
-# least-squares fit of alpha (s per step), beta (s per byte sent), gamma (s per byte reduced)
-# to the per-size medians, weighted by relative error.
+# link class: bcl-bench allreduce with the ring, recursive doubling and halving-doubling
+# forced, 2 and 4 ranks, 8 B .. 4 MiB, ROUNDS interleaved rounds (this VM flips speed: A B A
+# B), then a least-squares fit of alpha (s per step), beta (s per byte sent), gamma (s per
+# byte reduced) to the per-size medians of ring and doubling, weighted by relative error;
+# halving-doubling's medians are printed beside the model's pick (the cost.rs tests hold the
+# model to them).
 # Usage: scripts/measure-cost-model.sh tcp|shm [ROUNDS] [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ mkdir -p "$out"
 cargo build --release --locked -q -p bcl-bench
 for ((r = 0; r < rounds; r++)); do
   for n in 2 4; do
-    for algo in ring rd; do
+    for algo in ring rd hd; do
       ./target/release/bcl-bench allreduce --nranks "$n" --transport "$transport" --algo "$algo" \
         -b 8 -e 4M -f 4 -n 30 -w 5 -c 0 --json "$out/$transport-$n-$algo-r$r.json" >/dev/null
     done
@@ -39,7 +41,11 @@ def coefficients(p, algo, size):
         return 2 * (p - 1), 2 * (p - 1) * c, (p - 1) * c
     q = 1 << (p.bit_length() - 1)
     k = q.bit_length() - 1
-    a, b, g = k, k * size, k * size
+    if algo == "hd":
+        share = (q - 1) / q
+        a, b, g = 2 * k, 2 * share * size, share * size
+    else:
+        a, b, g = k, k * size, k * size
     if q != p:
         a, b, g = a + 2, b + 2 * size, g + size
     return a, b, g
@@ -63,18 +69,22 @@ worlds = sorted({k[0] for k in med})
 # exchange and the ring's half-size reductions separate it from beta; then alpha and beta
 # per world size with gamma fixed: on a small VM the per-step cost grows with the ranks per
 # core, so each measured world size gets its own.
-_, _, gamma = fit(sorted(k for k in med if k[0] == 2), med)
+fitted = {k: v for k, v in med.items() if k[1] in ("ring", "rd")}
+_, _, gamma = fit(sorted(k for k in fitted if k[0] == 2), med)
 print(f"# {transport}: 1/gamma = {1 / gamma / 1e9:.2f} GB/s (2-rank fit), medians of "
       f"{len(next(iter(times.values())))} runs in {out}")
 for world in worlds:
-    keys = sorted(k for k in med if k[0] == world)
+    keys = sorted(k for k in fitted if k[0] == world)
     alpha, beta, _ = fit(keys, med, gamma)
     print(f"# {transport} {world} ranks: alpha = {alpha * 1e6:.1f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
-    print("# size  ring_us  rd_us  faster  by  model_picks")
+    print("# size  ring_us  rd_us  hd_us  fastest  by  model_picks")
     for size in sorted({k[2] for k in keys}):
-        ring, rd = med[(world, "ring", size)], med[(world, "rd", size)]
+        t = {a: med[(world, a, size)] for a in ("ring", "rd", "hd") if (world, a, size) in med}
         model = {a: sum(x * y for x, y in zip(coefficients(world, a, size), (alpha, beta, gamma)))
-                 for a in ("ring", "rd")}
-        print(f"{size:8d} {ring * 1e6:8.1f} {rd * 1e6:8.1f}  {'rd' if rd < ring else 'ring':4} "
-              f"{max(ring, rd) / min(ring, rd):4.2f}  {'rd' if model['rd'] <= model['ring'] else 'ring'}")
+                 for a in t}
+        # cost.rs breaks ties: doubling, then the ring, then halving-doubling
+        pick = min(t, key=lambda a: (model[a], ("rd", "ring", "hd").index(a)))
+        best = min(t, key=t.get)
+        print(f"{size:8d} " + " ".join(f"{t[a] * 1e6:8.1f}" for a in ("ring", "rd", "hd") if a in t)
+              + f"  {best:4} {sorted(t.values())[1] / t[best]:4.2f}  {pick}")
 PY

@@ -116,7 +116,7 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
-    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd),
+    /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd, hd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
     /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`, `BCL_SPIN_US`.
     pub fn with_env(mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {

@@ -44,7 +44,11 @@ fn run(
     if matches!(collective, Collective::Send { .. }) && world < 2 {
         return;
     }
-    for algorithm in [Algorithm::Ring, Algorithm::RecursiveDoubling] {
+    for algorithm in [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
+    ] {
         let case = Case {
             collective,
             algorithm,

@@ -76,7 +76,8 @@ pub struct Args {
     /// Bytes per pipelined slice.
     #[arg(long, value_parser = parse_size)]
     pub slice_bytes: Option<usize>,
-    /// auto|ring|rd: the allreduce algorithm (auto: recursive doubling for small messages).
+    /// auto|ring|rd|hd: the allreduce algorithm (auto: the cost model's pick: recursive
+    /// doubling for small messages, halving-doubling or the ring for large ones).
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Seconds one collective may take before it fails naming the peers it waits for.

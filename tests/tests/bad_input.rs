@@ -156,7 +156,11 @@ fn assert_names_link_to_rank_2(results: &[Result<(), Error>], rank: usize) {
 
 #[test]
 fn a_dropped_peer_fails_every_rank_with_a_link_verdict_naming_it() {
-    for algorithm in [Algorithm::Ring, Algorithm::RecursiveDoubling] {
+    for algorithm in [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
+    ] {
         let results = allreduce_without_rank_2(algorithm);
         for rank in [0, 1, 3] {
             assert_names_link_to_rank_2(&results, rank);

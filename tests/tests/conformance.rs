@@ -67,3 +67,30 @@ mod rdma {
         rdma_mixed_4: Setup::RdmaMixed, 4;
     }
 }
+
+/// Halving-doubling forced (the cost model offers it only for large messages on tcp): every
+/// allreduce case of the suite, in and out of place, every dtype and op, on world sizes that
+/// are and are not powers of two, over tcp with mixed devices and over shared memory.
+#[test]
+fn allreduce_by_halving_doubling_forced() {
+    use bcl_core::{Collective, CommConfig, Communicator, schedule::Algorithm};
+    use bcl_tests::{cases, run_cases, test_config};
+    for (setup, world) in [(Setup::TcpMixed, 3), (Setup::TcpMixed, 4), (Setup::ShmCpu, 6)] {
+        let comms = Communicator::init_threads_with(world, |r| CommConfig {
+            algorithm: Some(Algorithm::HalvingDoubling),
+            ..test_config(setup, r)
+        })
+        .unwrap_or_else(|e| panic!("init of {world} ranks for {setup:?} failed: {e}"));
+        let allreduce: Vec<_> = cases(world)
+            .into_iter()
+            .filter(|c| matches!(c.collective, Collective::AllReduce { .. }))
+            .collect();
+        let failures = run_cases(&comms, &allreduce);
+        assert!(
+            failures.is_empty(),
+            "{setup:?}, {world} ranks, halving-doubling: {} failures:\n{}",
+            failures.len(),
+            failures[..failures.len().min(20)].join("\n")
+        );
+    }
+}

@@ -9,6 +9,7 @@ pub mod checker;
 pub mod cost;
 pub mod direct;
 mod doubling;
+mod halving;
 pub mod plan;
 pub mod ring;
 
@@ -123,6 +124,9 @@ pub enum Algorithm {
     /// Recursive doubling for allreduce: log2(n) exchanges of the whole buffer,
     /// latency-optimal for small messages. Other collectives use their ring/chain plans.
     RecursiveDoubling,
+    /// Halving-doubling (Rabenseifner) for allreduce: reduce-scatter by recursive halving,
+    /// allgather by recursive doubling; the ring's bandwidth in 2·log2(n) steps.
+    HalvingDoubling,
 }
 
 impl Algorithm {
@@ -130,6 +134,7 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "rd",
+            Algorithm::HalvingDoubling => "hd",
         }
     }
 }
@@ -140,7 +145,8 @@ impl std::str::FromStr for Algorithm {
         match s {
             "ring" => Ok(Algorithm::Ring),
             "rd" | "recursive-doubling" => Ok(Algorithm::RecursiveDoubling),
-            other => Err(format!("unknown algorithm '{other}' (ring, rd)")),
+            "hd" | "halving-doubling" | "rabenseifner" => Ok(Algorithm::HalvingDoubling),
+            other => Err(format!("unknown algorithm '{other}' (ring, rd, hd)")),
         }
     }
 }
@@ -153,14 +159,18 @@ pub struct Fabric {
     pub all_shared_memory: bool,
 }
 
-/// The algorithm for `collective` over `bytes` (the whole buffer): for allreduce the cheaper
-/// of ring and recursive doubling by the measured cost model ([`cost`]), the ring otherwise.
+/// The algorithm for `collective` over `bytes` (the whole buffer): for allreduce the cheapest
+/// of ring, recursive doubling and (where a link is not shared memory) halving-doubling by
+/// the measured cost model ([`cost`]), the ring otherwise.
 /// Pure, so that every rank picks the same.
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
     match collective {
-        Collective::AllReduce { .. } if fabric.world > 1 => {
-            cost::cheaper_allreduce(bytes, fabric.world, cost::link_cost(fabric))
-        }
+        Collective::AllReduce { .. } if fabric.world > 1 => cost::cheaper_allreduce(
+            bytes,
+            fabric.world,
+            cost::link_cost(fabric),
+            !fabric.all_shared_memory,
+        ),
         _ => Algorithm::Ring,
     }
 }
@@ -273,6 +283,9 @@ pub fn build_plan(
     match collective {
         Collective::AllReduce { op } if algorithm == Algorithm::RecursiveDoubling => {
             doubling::allreduce(&mut b, layout, count, in_place, reduction(op));
+        }
+        Collective::AllReduce { op } if algorithm == Algorithm::HalvingDoubling => {
+            halving::allreduce(&mut b, layout, count, in_place, reduction(op), slice);
         }
         Collective::AllReduce { op } => {
             let chunks = Chunks::new((0..n).map(|c| part(count, n, c)).collect(), slice);

@@ -75,7 +75,11 @@ mod rdma {
 fn allreduce_by_halving_doubling_forced() {
     use bcl_core::{Collective, CommConfig, Communicator, schedule::Algorithm};
     use bcl_tests::{cases, run_cases, test_config};
-    for (setup, world) in [(Setup::TcpMixed, 3), (Setup::TcpMixed, 4), (Setup::ShmCpu, 6)] {
+    for (setup, world) in [
+        (Setup::TcpMixed, 3),
+        (Setup::TcpMixed, 4),
+        (Setup::ShmCpu, 6),
+    ] {
         let comms = Communicator::init_threads_with(world, |r| CommConfig {
             algorithm: Some(Algorithm::HalvingDoubling),
             ..test_config(setup, r)

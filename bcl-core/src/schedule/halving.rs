@@ -26,16 +26,14 @@ use super::plan::{Action, BufferId, PlanBuilder, Region};
 use super::ring::part;
 use super::{Layout, Reduction};
 
-/// `len` elements at `offset` of `buffer` cut into pieces of at most `slice` elements (one
-/// empty piece when `len` is 0: both ends compute the same pieces and skip the empty ones).
-fn pieces(buffer: BufferId, offset: usize, len: usize, slice: usize) -> Vec<Region> {
-    let n = len.div_ceil(slice.max(1)).max(1);
-    (0..n)
-        .map(|i| {
-            let (o, l) = part(len, n, i);
-            Region::new(buffer, offset + o, l)
-        })
-        .collect()
+/// `region` cut into pieces of at most `slice` elements, numbered, the empty ones left out
+/// (both ends of a message compute the same pieces, so the numbers match as tags).
+fn pieces(region: Region, slice: usize) -> impl Iterator<Item = (u32, Region)> {
+    let n = region.len.div_ceil(slice.max(1)).max(1);
+    (0..n).filter_map(move |i| {
+        let (o, l) = part(region.len, n, i);
+        (l > 0).then(|| (i as u32, Region::new(region.buffer, region.offset + o, l)))
+    })
 }
 
 /// The element range (offset, len) of blocks `lo..hi` of `count` elements cut into `q`.
@@ -58,35 +56,21 @@ fn swap(
     seed: Option<BufferId>,
     slice: usize,
 ) {
-    if let Some(from) = from {
-        for (i, piece) in pieces(from.buffer, from.offset, from.len, slice)
-            .into_iter()
-            .enumerate()
-        {
-            if piece.len > 0 {
-                b.push(Action::Send {
-                    peer,
-                    tag: tag_base + i as u32,
-                    from: piece,
-                });
-            }
-        }
+    for (i, piece) in from.into_iter().flat_map(|r| pieces(r, slice)) {
+        b.push(Action::Send {
+            peer,
+            tag: tag_base + i,
+            from: piece,
+        });
     }
-    if let Some(into) = into {
-        for (i, piece) in pieces(into.buffer, into.offset, into.len, slice)
-            .into_iter()
-            .enumerate()
-        {
-            if piece.len > 0 {
-                b.push(Action::Recv {
-                    peer,
-                    tag: tag_base + i as u32,
-                    into: piece,
-                    reduce,
-                    seed: seed.map(|s| Region::new(s, piece.offset, piece.len)),
-                });
-            }
-        }
+    for (i, piece) in into.into_iter().flat_map(|r| pieces(r, slice)) {
+        b.push(Action::Recv {
+            peer,
+            tag: tag_base + i,
+            into: piece,
+            reduce,
+            seed: seed.map(|s| Region::new(s, piece.offset, piece.len)),
+        });
     }
 }
 
@@ -194,10 +178,8 @@ pub(crate) fn allreduce(
     }
     if reduction.average {
         let (o, l) = blocks(count, q, lo, hi);
-        for region in pieces(Output, o, l, slice) {
-            if region.len > 0 {
-                b.push(Action::Divide { region });
-            }
+        for (_, region) in pieces(Region::new(Output, o, l), slice) {
+            b.push(Action::Divide { region });
         }
     }
     for step in 0..k {

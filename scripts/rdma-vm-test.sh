@@ -18,8 +18,12 @@ bash scripts/rdma-vm.sh install
 
 echo "== rdma: build (release, --features rdma)"
 cargo build --release --locked --features rdma -p bcl-bench
-list=$(cargo test --release --locked --features rdma -p bcl-transport -p bcl-tests --no-run 2>&1 |
-  tee /dev/stderr | sed -n 's/.*Executable .*(\(target\/release\/deps\/[^)]*\)).*/\1/p')
+# (Not `tee /dev/stderr`: where stderr is a file, tee reopens it and truncates the log.)
+status=0
+built=$(cargo test --release --locked --features rdma -p bcl-transport -p bcl-tests --no-run 2>&1) || status=$?
+echo "$built" >&2
+[ "$status" = 0 ] || exit "$status"
+list=$(echo "$built" | sed -n 's/.*Executable .*(\(target\/release\/deps\/[^)]*\)).*/\1/p')
 exe() { echo "$list" | grep "/$1-" | head -1; }
 transport_tests=$(exe bcl_transport)
 conformance_tests=$(exe conformance)

@@ -13,6 +13,7 @@ pub mod buffers;
 pub mod launch;
 pub mod pattern;
 pub mod plot;
+pub mod progress;
 pub mod sweep;
 pub mod table;
 

@@ -90,9 +90,18 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
         }
     };
     say(table::header());
+    let sizes = args.sizes();
+    let mut progress =
+        crate::progress::Progress::on_stderr(dtypes.len() * ops.len() * sizes.len(), print);
     for dtype in &dtypes {
         for op in &ops {
-            for &bytes in &args.sizes() {
+            for &bytes in &sizes {
+                progress.row(&format!(
+                    "{} {} {}",
+                    dtype_name(*dtype),
+                    op.name(),
+                    bcl_core::comm::human_bytes(bytes)
+                ));
                 let c = collective_of(args.collective, *op, args.root);
                 let count = count_for(c, bytes, dtype.size(), n);
                 let mut pair = Vec::new();
@@ -130,6 +139,7 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                         wrong,
                     });
                 }
+                progress.clear();
                 say(table::row(&pair[0], &pair[1]));
                 all.extend(pair);
             }

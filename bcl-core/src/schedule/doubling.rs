@@ -20,6 +20,50 @@ use super::plan::BufferId::{Input, Output};
 use super::plan::{Action, PlanBuilder, Region};
 use super::{Layout, Reduction};
 
+/// Rabenseifner's treatment of a world that is not a power of two: the `q` (largest power of
+/// two ≤ n) active ranks, and the `rem = n - q` pairs among ranks 0..2·rem whose even member
+/// hands its data to the odd one and sits out.
+pub(super) struct Pairing {
+    /// Active ranks.
+    pub q: usize,
+    /// Pairs.
+    pub rem: usize,
+}
+
+impl Pairing {
+    pub fn new(n: usize) -> Self {
+        let q = if n.is_power_of_two() {
+            n
+        } else {
+            n.next_power_of_two() / 2
+        };
+        Pairing { q, rem: n - q }
+    }
+
+    /// Whether `rank` is in a pair (hands over or takes over).
+    pub fn paired(&self, rank: usize) -> bool {
+        rank < 2 * self.rem
+    }
+
+    /// The active number (0..q) of `rank`; `None` for a rank that sits out.
+    pub fn active(&self, rank: usize) -> Option<usize> {
+        if self.paired(rank) {
+            (rank % 2 == 1).then_some(rank / 2)
+        } else {
+            Some(rank - self.rem)
+        }
+    }
+
+    /// The rank of active number `id`.
+    pub fn rank_of(&self, id: usize) -> usize {
+        if id < self.rem {
+            2 * id + 1
+        } else {
+            id + self.rem
+        }
+    }
+}
+
 pub(crate) fn allreduce(
     b: &mut PlanBuilder,
     layout: &Layout,
@@ -29,12 +73,7 @@ pub(crate) fn allreduce(
 ) {
     let (n, rank) = (layout.world(), layout.rank());
     let buf = Region::new(Output, 0, count);
-    let p = if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    };
-    let rem = n - p;
+    let pairing = Pairing::new(n);
     // Out of place, the input is never copied up front: a rank's first message goes out from
     // the input, and its first reduction combines the input with what arrived, writing the
     // output in one pass (`seed`). Only a single rank has nothing to combine and copies.
@@ -53,16 +92,9 @@ pub(crate) fn allreduce(
     if count == 0 {
         return;
     }
-    let rounds = p.trailing_zeros();
+    let rounds = pairing.q.trailing_zeros();
     let final_tag = rounds + 1;
-    // Active ranks are numbered 0..p; `real` maps that number back to a rank.
-    let real = |id: usize| if id < rem { 2 * id + 1 } else { id + rem };
-    let active = if rank < 2 * rem {
-        (rank % 2 == 1).then_some(rank / 2)
-    } else {
-        Some(rank - rem)
-    };
-    if rank < 2 * rem {
+    if pairing.paired(rank) {
         if rank % 2 == 0 {
             b.push(Action::Send {
                 peer: rank + 1,
@@ -80,7 +112,7 @@ pub(crate) fn allreduce(
             from = buf;
         }
     }
-    let Some(me) = active else {
+    let Some(me) = pairing.active(rank) else {
         b.push(Action::Recv {
             peer: rank + 1,
             tag: final_tag,
@@ -91,7 +123,7 @@ pub(crate) fn allreduce(
         return;
     };
     for r in 0..rounds {
-        let partner = real(me ^ (1 << r));
+        let partner = pairing.rank_of(me ^ (1 << r));
         b.push(Action::Send {
             peer: partner,
             tag: r + 1,
@@ -109,7 +141,7 @@ pub(crate) fn allreduce(
     if reduction.average {
         b.push(Action::Divide { region: buf });
     }
-    if rank < 2 * rem {
+    if pairing.paired(rank) {
         b.push(Action::Send {
             peer: rank - 1,
             tag: final_tag,

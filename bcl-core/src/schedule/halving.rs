@@ -21,6 +21,7 @@
 //! slices of at most `slice` elements, so that large buffers pipeline and no message exceeds
 //! what a transport takes.
 
+use super::doubling::Pairing;
 use super::plan::BufferId::{Input, Output};
 use super::plan::{Action, BufferId, PlanBuilder, Region};
 use super::ring::part;
@@ -103,42 +104,39 @@ pub(crate) fn allreduce(
     if count == 0 {
         return;
     }
-    let q = if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    };
-    let (rem, k) = (n - q, q.trailing_zeros() as usize);
+    let pairing = Pairing::new(n);
+    let (q, k) = (pairing.q, pairing.q.trailing_zeros() as usize);
     // Tags: phase 0 the pairing, 1..=k halving, k+1..=2k doubling, 2k+1 the result's return;
     // within a phase, one per piece (at most `per_phase`).
     let per_phase = count.div_ceil(slice.max(1)).max(1) as u32;
     let tag = |phase: usize| phase as u32 * per_phase;
-    let real = |id: usize| if id < rem { 2 * id + 1 } else { id + rem };
     let seed_of = |source: BufferId| (source == Input).then_some(Input);
-    if rank < 2 * rem {
-        if rank % 2 == 0 {
-            swap(
-                b,
-                rank + 1,
-                tag(0),
-                Some(whole(source)),
-                None,
-                true,
-                None,
-                slice,
-            );
-            swap(
-                b,
-                rank + 1,
-                tag(2 * k + 1),
-                None,
-                Some(whole(Output)),
-                false,
-                None,
-                slice,
-            );
-            return;
-        }
+    // The even rank of a pair hands its data over and gets the result back.
+    let Some(me) = pairing.active(rank) else {
+        swap(
+            b,
+            rank + 1,
+            tag(0),
+            Some(whole(source)),
+            None,
+            true,
+            None,
+            slice,
+        );
+        swap(
+            b,
+            rank + 1,
+            tag(2 * k + 1),
+            None,
+            Some(whole(Output)),
+            false,
+            None,
+            slice,
+        );
+        return;
+    };
+    // The odd rank of a pair takes over its even partner's data.
+    if pairing.paired(rank) {
         swap(
             b,
             rank - 1,
@@ -151,7 +149,6 @@ pub(crate) fn allreduce(
         );
         source = Output;
     }
-    let me = if rank < 2 * rem { rank / 2 } else { rank - rem };
     let (mut lo, mut hi) = (0, q);
     for step in 0..k {
         let mask = q >> (step + 1);
@@ -165,7 +162,7 @@ pub(crate) fn allreduce(
         let (ko, kl) = blocks(count, q, keep.0, keep.1);
         swap(
             b,
-            real(me ^ mask),
+            pairing.rank_of(me ^ mask),
             tag(1 + step),
             Some(Region::new(source, go, gl)),
             Some(Region::new(Output, ko, kl)),
@@ -194,7 +191,7 @@ pub(crate) fn allreduce(
         let (to, tl) = blocks(count, q, theirs.0, theirs.1);
         swap(
             b,
-            real(me ^ mask),
+            pairing.rank_of(me ^ mask),
             tag(1 + k + step),
             Some(Region::new(Output, mo, ml)),
             Some(Region::new(Output, to, tl)),
@@ -204,7 +201,7 @@ pub(crate) fn allreduce(
         );
         (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
     }
-    if rank < 2 * rem {
+    if pairing.paired(rank) {
         swap(
             b,
             rank - 1,

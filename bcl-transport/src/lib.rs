@@ -27,4 +27,4 @@ pub mod transport;
 
 pub use auth::Secret;
 pub use error::TransportError;
-pub use transport::{Capabilities, MemoryKind, PeerAddress, Received, Tag, Transport};
+pub use transport::{Capabilities, Landing, MemoryKind, PeerAddress, Received, Tag, Transport};

@@ -8,7 +8,7 @@
 
 use crate::error::TransportError;
 use crate::transport::{
-    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+    Capabilities, Landing, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use std::time::{Duration, Instant};
 
@@ -199,6 +199,15 @@ impl Transport for Routes {
         consume: &mut dyn FnMut(&[u8], Option<Duration>),
     ) -> Result<bool, TransportError> {
         self.part(peer).try_recv_with(peer, tag, consume)
+    }
+
+    fn try_recv_into(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        dest: &mut [u8],
+    ) -> Result<Landing, TransportError> {
+        self.part(peer).try_recv_into(peer, tag, dest)
     }
 
     fn release(&mut self, message: Received) {

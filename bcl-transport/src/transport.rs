@@ -73,6 +73,19 @@ pub struct Received {
     pub transfer: Option<std::time::Duration>,
 }
 
+/// What [`Transport::try_recv_into`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// The message fills the destination, with its transfer time where known (see
+    /// [`Received::transfer`]).
+    Filled(Option<Duration>),
+    /// The message has this many bytes, not the destination's length; it was dropped and the
+    /// destination is untouched.
+    WrongLength(usize),
+    /// Not fully arrived: call again with the same destination.
+    Pending,
+}
+
 /// What [`Transport::prepare_wait`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readiness {
@@ -134,6 +147,33 @@ pub trait Transport: Send + fmt::Debug {
             }
             None => Ok(false),
         }
+    }
+
+    /// The next message from `peer` under `tag`, written straight into `dest` where the
+    /// transport can (tcp: a long frame whose header has been read but not its payload is read
+    /// from the socket into `dest`, with no copy through a buffer of its own); otherwise copied
+    /// there once it has arrived.
+    ///
+    /// [`Landing::Pending`] may leave part of the message in `dest` already: call again with
+    /// the same `dest` (same memory, same length) until the answer is another, and do not
+    /// touch `dest` in between. A caller that gives up on a message halfway makes the
+    /// transport report a protocol error naming the peer on a later call.
+    fn try_recv_into(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        dest: &mut [u8],
+    ) -> Result<Landing, TransportError> {
+        let mut landing = Landing::Pending;
+        self.try_recv_with(peer, tag, &mut |data, transfer| {
+            landing = if data.len() == dest.len() {
+                dest.copy_from_slice(data);
+                Landing::Filled(transfer)
+            } else {
+                Landing::WrongLength(data.len())
+            };
+        })?;
+        Ok(landing)
     }
 
     /// Return a message's buffer to the transport.

@@ -115,6 +115,21 @@ impl<'a> Bindings<'a> {
         }
     }
 
+    /// The bytes of `r` to be written, where they lie in host memory (`None`: on a device,
+    /// reached through the Accelerator only).
+    pub(super) fn host_mut(
+        &mut self,
+        r: Region,
+        esize: usize,
+    ) -> Result<Option<&mut [u8]>, ExecError> {
+        let range = byte_range(r, esize);
+        match self.get_mut(r.buffer)? {
+            Memory::HostWrite(b) => slice_mut(b, range, r).map(Some),
+            Memory::Device(_) => Ok(None),
+            Memory::HostRead(_) => Err(read_only(r.buffer)),
+        }
+    }
+
     /// `r = r (op) data`.
     pub(super) fn reduce_into(
         &mut self,

@@ -14,7 +14,7 @@ pub use memory::{Bindings, Memory};
 use crate::schedule::{Action, Plan, Region};
 use crate::signature::{SIGNATURE_BYTES, Signature};
 use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream, kernels};
-use bcl_transport::{Received, Tag, Transport, TransportError};
+use bcl_transport::{Landing, Received, Tag, Transport, TransportError};
 use std::time::Instant;
 
 /// Why a step failed; the communicator turns it into an [`crate::Error`] naming the peers.
@@ -454,44 +454,31 @@ impl<'p> Executor<'p> {
                     .carried
                     .iter()
                     .position(|(p, t, _)| *p == peer && t == tag);
-                let mut sink = Sink {
-                    peer,
-                    expected,
-                    into: *into,
-                    reduce: *reduce,
-                    seed: *seed,
-                    memory,
-                    ctx,
-                    device_secs: &mut self.device_secs,
-                    device_bytes: &mut self.device_bytes,
-                    link_rates: &mut self.link_rates,
+                // A message that overwrites host memory is written there by the transport
+                // (tcp: straight from the socket, with no copy through a buffer of its own).
+                let landing = if carried.is_none() && !*reduce && seed.is_none() && expected > 0 {
+                    match memory.host_mut(*into, esize)? {
+                        Some(dest) => Some(transport.try_recv_into(peer, ctx.tag(*tag), dest)?),
+                        None => None,
+                    }
+                } else {
+                    None
                 };
-                let outcome = match carried {
-                    Some(at) => {
-                        let message = self.carried.swap_remove(at).2;
-                        let outcome = sink.deliver(&message.data[BUNDLE_HEADER..], None);
-                        transport.release(message);
-                        outcome
+                let outcome = match landing {
+                    Some(Landing::Pending) => return Ok(false),
+                    Some(Landing::Filled(transfer)) => {
+                        record_link_rate(&mut self.link_rates, peer, expected, transfer);
+                        Ok(())
                     }
-                    None => {
-                        // Handed over where it lies (in a shared-memory ring: no copy out).
-                        let mut outcome = None;
-                        let arrived = transport.try_recv_with(
-                            peer,
-                            ctx.tag(*tag),
-                            &mut |data, transfer| {
-                                outcome = Some(sink.deliver(data, transfer));
-                            },
-                        )?;
-                        if !arrived {
-                            return Ok(false);
-                        }
-                        outcome.unwrap_or_else(|| {
-                            Err(ExecError::Binding(
-                                "a transport reported a message it never handed over".into(),
-                            ))
-                        })
-                    }
+                    Some(Landing::WrongLength(got)) => Err(ExecError::Mismatch {
+                        peer,
+                        got,
+                        expected,
+                    }),
+                    None => match self.deliver(index, transport, memory, ctx, carried)? {
+                        Some(outcome) => outcome,
+                        None => return Ok(false),
+                    },
                 };
                 match outcome {
                     Ok(()) => {
@@ -514,6 +501,66 @@ impl<'p> Executor<'p> {
             Action::Divide { region } => {
                 memory.divide(*region, esize, ctx)?;
                 Ok(true)
+            }
+        }
+    }
+
+    /// Hand the message of receive step `index` to its [`Sink`] (the carried one, if any):
+    /// `Ok(None)`, it has not arrived; `Ok(Some(outcome))`, what delivering it did.
+    fn deliver(
+        &mut self,
+        index: usize,
+        transport: &mut dyn Transport,
+        memory: &mut Bindings<'_>,
+        ctx: &OpContext<'_>,
+        carried: Option<usize>,
+    ) -> Result<Option<Result<(), ExecError>>, ExecError> {
+        let plan = self.plan;
+        let Action::Recv {
+            peer,
+            tag,
+            into,
+            reduce,
+            seed,
+        } = &plan.steps[index].action
+        else {
+            return Err(ExecError::Binding(format!("step {index} is not a receive")));
+        };
+        let (peer, expected) = (*peer, into.len * ctx.dtype.size());
+        let mut sink = Sink {
+            peer,
+            expected,
+            into: *into,
+            reduce: *reduce,
+            seed: *seed,
+            memory,
+            ctx,
+            device_secs: &mut self.device_secs,
+            device_bytes: &mut self.device_bytes,
+            link_rates: &mut self.link_rates,
+        };
+        match carried {
+            Some(at) => {
+                let message = self.carried.swap_remove(at).2;
+                let outcome = sink.deliver(&message.data[BUNDLE_HEADER..], None);
+                transport.release(message);
+                Ok(Some(outcome))
+            }
+            None => {
+                // Handed over where it lies (in a shared-memory ring: no copy out).
+                let mut outcome = None;
+                let arrived =
+                    transport.try_recv_with(peer, ctx.tag(*tag), &mut |data, transfer| {
+                        outcome = Some(sink.deliver(data, transfer));
+                    })?;
+                if !arrived {
+                    return Ok(None);
+                }
+                Ok(Some(outcome.unwrap_or_else(|| {
+                    Err(ExecError::Binding(
+                        "a transport reported a message it never handed over".into(),
+                    ))
+                })))
             }
         }
     }
@@ -609,14 +656,23 @@ impl Sink<'_, '_, '_> {
             *self.device_secs += started.elapsed().as_secs_f64();
             *self.device_bytes += got as u64;
         }
-        if got >= crate::health::slow::RATE_MIN_BYTES
-            && let Some(t) = transfer
-        {
-            let secs = t.as_secs_f64().max(1e-6);
-            self.link_rates
-                .push((self.peer, (got as f64 / secs / 1e9) as f32));
-        }
+        record_link_rate(self.link_rates, self.peer, got, transfer);
         done
+    }
+}
+
+/// The wire rate of a message from `peer` large enough to carry one (slow-node detection).
+fn record_link_rate(
+    link_rates: &mut Vec<(usize, f32)>,
+    peer: usize,
+    bytes: usize,
+    transfer: Option<std::time::Duration>,
+) {
+    if bytes >= crate::health::slow::RATE_MIN_BYTES
+        && let Some(t) = transfer
+    {
+        let secs = t.as_secs_f64().max(1e-6);
+        link_rates.push((peer, (bytes as f64 / secs / 1e9) as f32));
     }
 }
 

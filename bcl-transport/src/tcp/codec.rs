@@ -158,6 +158,32 @@ impl FrameDecoder {
         }
     }
 
+    /// The frame whose payload is being received: its tag, length and the bytes of it
+    /// received so far.
+    pub fn payload_progress(&self) -> Option<(Tag, usize, usize)> {
+        match &self.state {
+            State::Payload { tag, buf, filled } => Some((*tag, buf.len(), *filled)),
+            State::Header { .. } => None,
+        }
+    }
+
+    /// The payload of the frame in progress was received somewhere else (straight into a
+    /// caller's memory): expect the next header, and take back the buffer it was not written
+    /// into.
+    pub fn payload_received_elsewhere(&mut self) -> Option<Vec<u8>> {
+        let state = std::mem::replace(
+            &mut self.state,
+            State::Header {
+                buf: [0; HEADER_LEN],
+                filled: 0,
+            },
+        );
+        match state {
+            State::Payload { buf, .. } => Some(buf),
+            State::Header { .. } => None,
+        }
+    }
+
     fn reset(&mut self) {
         self.state = State::Header {
             buf: [0; HEADER_LEN],

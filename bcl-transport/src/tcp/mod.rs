@@ -18,7 +18,7 @@ use crate::auth::Secret;
 use crate::error::TransportError;
 use crate::keys::KeyMap;
 use crate::transport::{
-    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+    Capabilities, Landing, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use codec::{FrameDecoder, HEADER_LEN, encode_header};
 use std::collections::{HashSet, VecDeque};
@@ -84,7 +84,29 @@ struct Conn {
     /// `recv`, not one for each (allocated on first use; always wholly fed to the decoder
     /// before the read returns, so no byte waits here unseen by `poll(2)`).
     stage: Vec<u8>,
+    /// A long frame whose header has been read and whose payload is left in the socket, for
+    /// `try_recv_into` to read straight into its caller's memory (see [`Held`]).
+    held: Option<Held>,
+    /// Stage bytes not fed anywhere yet: the start of the held frame's payload.
+    staged: std::ops::Range<usize>,
+    /// The frame being decoded was given up halfway by the caller it was held for: when it
+    /// completes, the loss is reported instead of delivering a frame with a hole.
+    spoiled: Option<Tag>,
+    /// Such a frame completed and was dropped: the next read reports it.
+    lost: Option<Tag>,
     closed: bool,
+}
+
+/// A long frame waiting in its socket for the caller that wants it (see `Conn::held`).
+/// `progress` gives it back to the ordinary path (a pooled buffer) unless
+/// `try_recv_into` read it since the previous `progress`: a frame nobody is ready to take
+/// must not block the frames behind it on the same socket.
+struct Held {
+    tag: Tag,
+    len: usize,
+    /// Payload bytes already in the caller's memory.
+    filled: usize,
+    claimed: bool,
 }
 
 /// Bytes a socket reads ahead of its decoder. A payload part at least this long is read
@@ -101,6 +123,8 @@ enum ReadOutcome {
     Empty,
     /// The peer closed the connection.
     Closed,
+    /// A long frame's header came: its payload waits in the socket (see [`Held`]).
+    Held,
 }
 
 struct Peer {
@@ -338,6 +362,10 @@ impl Transport for TcpTransport {
                 decoder: FrameDecoder::new(self.config.max_frame),
                 frame_started: None,
                 stage: Vec::new(),
+                held: None,
+                staged: 0..0,
+                spoiled: None,
+                lost: None,
                 closed: false,
             };
             self.peer_mut(peer)?.conns.push(conn);
@@ -428,6 +456,57 @@ impl Transport for TcpTransport {
         Ok(None)
     }
 
+    fn try_recv_into(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        dest: &mut [u8],
+    ) -> Result<Landing, TransportError> {
+        if let Some(q) = self.inbox.get_mut(&(peer, tag))
+            && let Some((data, transfer)) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.inbox.remove(&(peer, tag));
+            }
+            let landing = if data.len() == dest.len() {
+                dest.copy_from_slice(&data);
+                Landing::Filled(Some(transfer))
+            } else {
+                Landing::WrongLength(data.len())
+            };
+            if self.pool.len() < POOL_LIMIT {
+                self.pool.push(data);
+            }
+            return Ok(landing);
+        }
+        let p = self
+            .peers
+            .get_mut(&peer)
+            .ok_or(TransportError::UnknownPeer { peer })?;
+        let addr = &p.addr;
+        for conn in p.conns.iter_mut() {
+            if conn.held.as_ref().is_none_or(|h| h.tag != tag) {
+                continue;
+            }
+            let result = if conn.held.as_ref().is_some_and(|h| h.len != dest.len()) {
+                // Not what the caller expects: the ordinary path receives it, and the next
+                // call finds it whole and says how long it is.
+                conn.release_held(&mut self.pool, &mut self.inbox, peer)
+                    .map(|()| Landing::Pending)
+            } else {
+                conn.read_held(dest, &mut self.pool)
+            };
+            return result.map_err(|e| e.naming(peer, addr));
+        }
+        if p.closed {
+            return Err(TransportError::PeerClosed {
+                peer,
+                addr: p.addr.clone(),
+            });
+        }
+        Ok(Landing::Pending)
+    }
+
     fn release(&mut self, message: Received) {
         if self.pool.len() < POOL_LIMIT {
             self.pool.push(message.data);
@@ -470,28 +549,27 @@ impl Transport for TcpTransport {
                     })?;
                     moved |= n > 0;
                 }
+                // A held frame's caller reads it; one that was not taken since the last round
+                // goes the ordinary way.
+                if let Some(held) = &mut conn.held {
+                    if held.claimed {
+                        held.claimed = false;
+                        continue;
+                    }
+                    conn.release_held(&mut self.pool, &mut self.inbox, peer)
+                        .map_err(|e| e.naming(peer, &p.addr))?;
+                    moved = true;
+                }
                 // Read what is there, bounded so one busy socket does not starve the others,
                 // and only until a read comes back short (the socket is then drained: one more
                 // read would be a system call that says "would block").
                 for _ in 0..if readable { 64 } else { 0 } {
                     let read = conn
                         .read_some(&mut self.pool, &mut self.inbox, peer)
-                        .map_err(|e| match e {
-                            ReadError::Io(source) => TransportError::Io {
-                                op: "receive",
-                                peer,
-                                addr: p.addr.clone(),
-                                source,
-                            },
-                            ReadError::Decode(e) => TransportError::Protocol {
-                                peer,
-                                addr: p.addr.clone(),
-                                reason: e.to_string(),
-                            },
-                        })?;
+                        .map_err(|e| e.naming(peer, &p.addr))?;
                     match read {
                         ReadOutcome::Full => moved = true,
-                        ReadOutcome::Short => {
+                        ReadOutcome::Short | ReadOutcome::Held => {
                             moved = true;
                             break;
                         }
@@ -523,6 +601,16 @@ impl Transport for TcpTransport {
     }
 
     fn prepare_wait(&mut self, fds: &mut Vec<(std::os::fd::RawFd, bool)>) -> Readiness {
+        // A held frame nobody took goes the ordinary way in the next round, whose bytes may
+        // all be in the stage already, where poll(2) does not see them.
+        let unclaimed = self
+            .peers
+            .values()
+            .flat_map(|p| &p.conns)
+            .any(|c| c.held.as_ref().is_some_and(|h| !h.claimed));
+        if unclaimed {
+            return Readiness::Ready;
+        }
         fds.extend(
             self.peers
                 .values()
@@ -549,6 +637,38 @@ impl Transport for TcpTransport {
 enum ReadError {
     Io(io::Error),
     Decode(codec::DecodeError),
+    /// The peer closed the connection in the middle of a frame held for a caller.
+    Closed,
+    /// A frame held for a caller was given up halfway by it (the operation failed).
+    Abandoned(Tag),
+}
+
+impl ReadError {
+    fn naming(self, peer: usize, addr: &str) -> TransportError {
+        let addr = addr.to_string();
+        match self {
+            ReadError::Io(source) => TransportError::Io {
+                op: "receive",
+                peer,
+                addr,
+                source,
+            },
+            ReadError::Decode(e) => TransportError::Protocol {
+                peer,
+                addr,
+                reason: e.to_string(),
+            },
+            ReadError::Closed => TransportError::PeerClosed { peer, addr },
+            ReadError::Abandoned(tag) => TransportError::Protocol {
+                peer,
+                addr,
+                reason: format!(
+                    "the message under tag {tag:#x} was given up halfway by this rank's \
+                     receiver (an operation failed while it arrived); it is lost"
+                ),
+            },
+        }
+    }
 }
 
 impl Conn {
@@ -556,6 +676,19 @@ impl Conn {
     /// payload part, else into the stage, whose bytes are then fed to the decoder; completed
     /// frames go to `inbox`.
     fn read_some(
+        &mut self,
+        pool: &mut Vec<Vec<u8>>,
+        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        peer: usize,
+    ) -> Result<ReadOutcome, ReadError> {
+        let outcome = self.read_and_feed(pool, inbox, peer)?;
+        match self.lost.take() {
+            Some(tag) => Err(ReadError::Abandoned(tag)),
+            None => Ok(outcome),
+        }
+    }
+
+    fn read_and_feed(
         &mut self,
         pool: &mut Vec<Vec<u8>>,
         inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
@@ -592,6 +725,21 @@ impl Conn {
                 want[..k].copy_from_slice(&self.stage[fed..fed + k]);
                 fed += k;
                 self.take(k, now, pool, inbox, peer)?;
+                // A long frame's header just completed: leave its payload where it is (the
+                // rest of the stage is part of it, as the stage is shorter than the payload).
+                if let Some((tag, len, 0)) = self.decoder.payload_progress()
+                    && len >= STAGE_BYTES
+                    && self.spoiled.is_none()
+                {
+                    self.held = Some(Held {
+                        tag,
+                        len,
+                        filled: 0,
+                        claimed: false,
+                    });
+                    self.staged = fed..n;
+                    return Ok(ReadOutcome::Held);
+                }
             }
         }
         Ok(if n < asked {
@@ -617,12 +765,102 @@ impl Conn {
             .map_err(ReadError::Decode)?;
         if let Some(f) = frame {
             self.frame_started = None;
+            if let Some(tag) = self.spoiled.take() {
+                // Reported once the bytes read with it are fed (they begin the next frames).
+                self.lost = Some(tag);
+                pool.push(f.payload);
+                return Ok(());
+            }
             inbox
                 .entry((peer, f.tag))
                 .or_default()
                 .push_back((f.payload, now - started));
         }
         Ok(())
+    }
+}
+
+impl Conn {
+    /// Read the held frame's payload into `dest` (its length) as far as it has arrived: the
+    /// stage's part first, then straight from the socket until a read comes back short.
+    fn read_held(
+        &mut self,
+        dest: &mut [u8],
+        pool: &mut Vec<Vec<u8>>,
+    ) -> Result<Landing, ReadError> {
+        let Some(held) = self.held.as_mut() else {
+            return Ok(Landing::Pending);
+        };
+        let staged = std::mem::replace(&mut self.staged, 0..0);
+        let k = staged.len();
+        dest[held.filled..held.filled + k].copy_from_slice(&self.stage[staged]);
+        held.filled += k;
+        while held.filled < held.len {
+            let asked = held.len - held.filled;
+            match self.stream.read(&mut dest[held.filled..]) {
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(ReadError::Closed);
+                }
+                Ok(n) => {
+                    held.filled += n;
+                    if n < asked {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => break,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.closed = true;
+                    return Err(ReadError::Closed);
+                }
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+        if held.filled < held.len {
+            held.claimed = true;
+            return Ok(Landing::Pending);
+        }
+        self.held = None;
+        if let Some(buf) = self.decoder.payload_received_elsewhere()
+            && pool.len() < POOL_LIMIT
+        {
+            pool.push(buf);
+        }
+        let transfer = self.frame_started.take().map(|s| s.elapsed());
+        Ok(Landing::Filled(transfer))
+    }
+
+    /// Give the held frame back to the ordinary path: the decoder's own buffer receives the
+    /// stage's part and the rest. Bytes a caller already took leave a hole, reported when the
+    /// frame completes.
+    fn release_held(
+        &mut self,
+        pool: &mut Vec<Vec<u8>>,
+        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        peer: usize,
+    ) -> Result<(), ReadError> {
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if held.filled > 0 {
+            self.spoiled = Some(held.tag);
+            self.take(held.filled, now, pool, inbox, peer)?;
+        }
+        let staged = std::mem::replace(&mut self.staged, 0..0);
+        let mut fed = staged.start;
+        while fed < staged.end {
+            let want = self.decoder.want();
+            let k = want.len().min(staged.end - fed);
+            want[..k].copy_from_slice(&self.stage[fed..fed + k]);
+            fed += k;
+            self.take(k, now, pool, inbox, peer)?;
+        }
+        match self.lost.take() {
+            Some(tag) => Err(ReadError::Abandoned(tag)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -589,7 +589,9 @@ impl Transport for TcpTransport {
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         let mut fds = Vec::new();
-        self.prepare_wait(&mut fds);
+        if self.prepare_wait(&mut fds) == Readiness::Ready {
+            return Ok(());
+        }
         if fds.is_empty() {
             std::thread::sleep(timeout);
             return Ok(());

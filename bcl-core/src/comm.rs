@@ -9,7 +9,7 @@ use crate::bootstrap;
 use crate::config::{CommConfig, TransportKind, process_env};
 use crate::error::{Error, PeerLabel, Result};
 use crate::exec::{Bindings, ExecError, ExecScratch, Executor, Memory, OpContext};
-use crate::health::{Cause, Health, Measurements, PeerBytes, Verdict};
+use crate::health::{Cause, Health, Measurements, Verdict};
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
 use crate::schedule::{Algorithm, Collective, Fabric, Layout, Plan, build_plan, select};
@@ -1257,21 +1257,17 @@ fn run<'a>(
             }
         }
     };
-    let peer_bytes: Vec<PeerBytes> = exec
-        .peer_bytes()
-        .filter(|b| b.sent > 0 || b.received > 0)
-        .collect();
     let measured = Measurements {
         link_rates: exec.link_rates.clone(),
         device_bytes: exec.device_bytes,
         device_secs: exec.device_secs,
     };
-    *exec_scratch = exec.into_scratch();
     health.op_finished(
-        peer_bytes,
+        exec.peer_bytes().filter(|b| b.sent > 0 || b.received > 0),
         outcome.as_ref().err().map(|e| e.to_string()),
         measured,
     );
+    *exec_scratch = exec.into_scratch();
     if let Err(e) = &outcome
         && e.poisons()
     {

@@ -8,14 +8,25 @@ use std::time::Duration;
 /// Wait until one of `fds` is readable (or writable, where asked), or `timeout` passes.
 /// `fds`: (descriptor, also wait for writability).
 pub fn poll_fds(fds: &[(RawFd, bool)], timeout: Duration) -> std::io::Result<()> {
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&(fd, write)| libc::pollfd {
-            fd,
-            events: libc::POLLIN | if write { libc::POLLOUT } else { 0 },
-            revents: 0,
-        })
-        .collect();
+    // The usual few descriptors live on the stack: a wait allocates nothing.
+    const ON_STACK: usize = 16;
+    let unused = libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    };
+    let mut on_stack = [unused; ON_STACK];
+    let mut on_heap = Vec::new();
+    let pfds: &mut [libc::pollfd] = if fds.len() <= ON_STACK {
+        &mut on_stack[..fds.len()]
+    } else {
+        on_heap.resize(fds.len(), unused);
+        &mut on_heap
+    };
+    for (pfd, &(fd, write)) in pfds.iter_mut().zip(fds) {
+        pfd.fd = fd;
+        pfd.events = libc::POLLIN | if write { libc::POLLOUT } else { 0 };
+    }
     // Round up: a sub-millisecond timeout must still sleep rather than spin.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
     // SAFETY: `pfds` is a valid, exclusively borrowed array of `pfds.len()` pollfd structs

@@ -138,6 +138,7 @@ pub struct ExecScratch {
     done: Vec<bool>,
     staging: Vec<u8>,
     bundle: Vec<u8>,
+    carried: Vec<(usize, u32, Received)>,
     signature_state: Vec<u8>,
     signature_peers: Vec<usize>,
     peer_bytes: Vec<[u64; 2]>,
@@ -161,6 +162,7 @@ impl<'p> Executor<'p> {
             mut done,
             staging,
             bundle,
+            mut carried,
             mut signature_state,
             mut signature_peers,
             mut peer_bytes,
@@ -186,6 +188,7 @@ impl<'p> Executor<'p> {
         }
         ready.clear();
         ready.extend((0..n).filter(|i| waiting_for[*i] == 0));
+        carried.clear();
         done.clear();
         done.resize(n, false);
         peer_bytes.clear();
@@ -199,7 +202,7 @@ impl<'p> Executor<'p> {
             finished: 0,
             staging,
             bundle,
-            carried: Vec::new(),
+            carried,
             signature_state,
             signature_peers,
             last_progress: Instant::now(),
@@ -220,6 +223,7 @@ impl<'p> Executor<'p> {
             done: self.done,
             staging: self.staging,
             bundle: self.bundle,
+            carried: self.carried,
             signature_state: self.signature_state,
             signature_peers: self.signature_peers,
             peer_bytes: self.peer_bytes,
@@ -307,21 +311,16 @@ impl<'p> Executor<'p> {
     }
 
     /// A peer that unfinished steps still need but whose link the transport reports lost.
+    /// (Asked while waiting: the cheap transport question first, and no allocation.)
     pub fn lost_peer(&self, transport: &dyn Transport) -> Option<usize> {
-        let mut checked = Vec::new();
-        for (i, step) in self.plan.steps.iter().enumerate() {
-            let peer = match step.action {
-                Action::Send { peer, .. } | Action::Recv { peer, .. } if !self.done[i] => peer,
-                _ => continue,
-            };
-            if !checked.contains(&peer) {
-                if transport.peer_lost(peer) {
-                    return Some(peer);
-                }
-                checked.push(peer);
-            }
-        }
-        None
+        (0..self.peer_bytes.len()).find(|&peer| {
+            transport.peer_lost(peer)
+                && self.plan.steps.iter().enumerate().any(|(i, step)| {
+                    !self.done[i]
+                        && matches!(step.action,
+                            Action::Send { peer: p, .. } | Action::Recv { peer: p, .. } if p == peer)
+                })
+        })
     }
 
     /// Issue every ready step. Returns whether anything moved.

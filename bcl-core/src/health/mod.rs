@@ -144,10 +144,7 @@ impl Health {
         woken.set_nonblocking(true)?;
         let inner = Arc::new(Inner {
             waker,
-            window: Mutex::new(slow::Window {
-                rank: rank as u32,
-                ..slow::Window::default()
-            }),
+            window: Mutex::new(slow::Window::new(rank as u32)),
             detector: Mutex::new(None),
             summary: Mutex::new(slow::Summary::default()),
             rank,
@@ -343,7 +340,7 @@ impl Health {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64);
             let mut w = self.inner.window.lock();
-            if w.entries.len() < 4096 {
+            if w.entries.len() < slow::ENTRIES_PER_WINDOW {
                 w.entries.push((op.seq, at));
             }
         }
@@ -360,7 +357,7 @@ impl Health {
     /// The data path finished its current operation, having measured `measured`.
     pub fn op_finished(
         &self,
-        peers: Vec<PeerBytes>,
+        peers: impl IntoIterator<Item = PeerBytes>,
         error: Option<String>,
         measured: Measurements,
     ) {
@@ -434,11 +431,7 @@ impl Inner {
     fn close_window(self: &Arc<Self>) {
         let window = {
             let mut w = self.window.lock();
-            let fresh = slow::Window {
-                rank: self.rank as u32,
-                ..slow::Window::default()
-            };
-            std::mem::replace(&mut *w, fresh)
+            std::mem::replace(&mut *w, slow::Window::new(self.rank as u32))
         };
         if self.rank == 0 {
             let mut detector = self.detector.lock();

@@ -60,9 +60,16 @@ impl FlightRecorder {
 
     /// Record the start of an operation.
     pub fn start(&mut self, op: Signature, algorithm: &'static str, start_us: u64) {
-        if self.records.len() == self.capacity {
-            self.records.pop_front();
-        }
+        // The oldest record's peer list is reused: no allocation per operation once full.
+        let mut peers = match self.records.len() == self.capacity {
+            true => self
+                .records
+                .pop_front()
+                .map(|r| r.peers)
+                .unwrap_or_default(),
+            false => Vec::new(),
+        };
+        peers.clear();
         self.total += 1;
         self.records.push_back(OpRecord {
             op,
@@ -70,13 +77,18 @@ impl FlightRecorder {
             state: OpState::Running,
             start_us,
             end_us: None,
-            peers: Vec::new(),
+            peers,
             error: None,
         });
     }
 
     /// Record the end of the latest operation.
-    pub fn finish(&mut self, end_us: u64, peers: Vec<PeerBytes>, error: Option<String>) {
+    pub fn finish(
+        &mut self,
+        end_us: u64,
+        peers: impl IntoIterator<Item = PeerBytes>,
+        error: Option<String>,
+    ) {
         if let Some(last) = self.records.back_mut() {
             last.state = if error.is_some() {
                 OpState::Failed
@@ -84,7 +96,8 @@ impl FlightRecorder {
                 OpState::Done
             };
             last.end_us = Some(end_us);
-            last.peers = peers;
+            last.peers.clear();
+            last.peers.extend(peers);
             last.error = error;
         }
     }

@@ -58,14 +58,32 @@ pub struct Window {
     pub entries: Vec<(u32, u64)>,
 }
 
+/// Entry times a window keeps at most.
+pub const ENTRIES_PER_WINDOW: usize = 4096;
+
 impl Window {
+    /// An empty window of `rank`, with room for its entry times: the data path, which fills
+    /// it, then allocates nothing for them.
+    pub fn new(rank: u32) -> Self {
+        Window {
+            rank,
+            entries: Vec::with_capacity(ENTRIES_PER_WINDOW),
+            ..Window::default()
+        }
+    }
+
     /// Record one large message's wire rate from `peer`.
     pub fn add_rate(&mut self, peer: usize, gbps: f32) {
         let peer = peer as u32;
         match self.links.iter_mut().find(|(p, _)| *p == peer) {
             Some((_, samples)) if samples.len() < SAMPLES_PER_LINK => samples.push(gbps),
             Some(_) => {}
-            None => self.links.push((peer, vec![gbps])),
+            None => {
+                // Its full size at once: one allocation per link and window.
+                let mut samples = Vec::with_capacity(SAMPLES_PER_LINK);
+                samples.push(gbps);
+                self.links.push((peer, samples));
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod codec;
 pub(crate) mod connect;
+mod inbox;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
@@ -21,6 +22,7 @@ use crate::transport::{
     Capabilities, Landing, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use codec::{FrameDecoder, HEADER_LEN, encode_header};
+use inbox::Inbox;
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
@@ -34,9 +36,6 @@ pub fn wait_readable(sources: &[std::os::fd::BorrowedFd<'_>], timeout: Duration)
         sources.iter().map(|s| (s.as_raw_fd(), false)).collect();
     crate::poll::poll_fds(&fds, timeout)
 }
-
-/// A received payload and how long it took from its first byte to its last.
-type Arrived = (Vec<u8>, Duration);
 
 /// Settings of a TCP endpoint.
 #[derive(Clone, Debug)]
@@ -142,10 +141,12 @@ pub struct TcpTransport {
     listener: TcpListener,
     address: PeerAddress,
     peers: KeyMap<usize, Peer>,
-    inbox: KeyMap<(usize, Tag), VecDeque<Arrived>>,
+    inbox: Inbox,
     pool: Vec<Vec<u8>>,
     /// Which sockets have something to read, checked once per progress round.
     readable: crate::poll::ReadableSet,
+    /// The descriptors `wait` sleeps on, kept between calls (no allocation per wait).
+    wait_fds: Vec<(std::os::fd::RawFd, bool)>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -180,9 +181,10 @@ impl TcpTransport {
             listener,
             address,
             peers: KeyMap::default(),
-            inbox: KeyMap::default(),
+            inbox: Inbox::default(),
             pool: Vec::new(),
             readable: Default::default(),
+            wait_fds: Vec::new(),
         })
     }
 
@@ -433,12 +435,7 @@ impl Transport for TcpTransport {
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        if let Some(q) = self.inbox.get_mut(&(peer, tag))
-            && let Some((data, transfer)) = q.pop_front()
-        {
-            if q.is_empty() {
-                self.inbox.remove(&(peer, tag));
-            }
+        if let Some((data, transfer)) = self.inbox.pop(peer, tag) {
             return Ok(Some(Received {
                 peer,
                 tag,
@@ -462,12 +459,7 @@ impl Transport for TcpTransport {
         tag: Tag,
         dest: &mut [u8],
     ) -> Result<Landing, TransportError> {
-        if let Some(q) = self.inbox.get_mut(&(peer, tag))
-            && let Some((data, transfer)) = q.pop_front()
-        {
-            if q.is_empty() {
-                self.inbox.remove(&(peer, tag));
-            }
+        if let Some((data, transfer)) = self.inbox.pop(peer, tag) {
             let landing = if data.len() == dest.len() {
                 dest.copy_from_slice(&data);
                 Landing::Filled(Some(transfer))
@@ -588,15 +580,18 @@ impl Transport for TcpTransport {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
-        let mut fds = Vec::new();
-        if self.prepare_wait(&mut fds) == Readiness::Ready {
-            return Ok(());
-        }
-        if fds.is_empty() {
-            std::thread::sleep(timeout);
-            return Ok(());
-        }
-        crate::poll::poll_fds(&fds, timeout).map_err(|source| TransportError::Setup {
+        let mut fds = std::mem::take(&mut self.wait_fds);
+        fds.clear();
+        let slept = match self.prepare_wait(&mut fds) {
+            Readiness::Ready => Ok(()),
+            _ if fds.is_empty() => {
+                std::thread::sleep(timeout);
+                Ok(())
+            }
+            _ => crate::poll::poll_fds(&fds, timeout),
+        };
+        self.wait_fds = fds;
+        slept.map_err(|source| TransportError::Setup {
             what: "poll(2) on the peer sockets".into(),
             source,
         })
@@ -624,8 +619,7 @@ impl Transport for TcpTransport {
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.closed)
-            && !self.inbox.keys().any(|(from, _)| *from == peer)
+        self.peers.get(&peer).is_some_and(|p| p.closed) && !self.inbox.holds_from(peer)
     }
 
     fn flushed(&self) -> bool {
@@ -680,7 +674,7 @@ impl Conn {
     fn read_some(
         &mut self,
         pool: &mut Vec<Vec<u8>>,
-        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        inbox: &mut Inbox,
         peer: usize,
     ) -> Result<ReadOutcome, ReadError> {
         let outcome = self.read_and_feed(pool, inbox, peer)?;
@@ -693,7 +687,7 @@ impl Conn {
     fn read_and_feed(
         &mut self,
         pool: &mut Vec<Vec<u8>>,
-        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        inbox: &mut Inbox,
         peer: usize,
     ) -> Result<ReadOutcome, ReadError> {
         let direct = self.decoder.want().len() >= STAGE_BYTES;
@@ -757,7 +751,7 @@ impl Conn {
         n: usize,
         now: Instant,
         pool: &mut Vec<Vec<u8>>,
-        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        inbox: &mut Inbox,
         peer: usize,
     ) -> Result<(), ReadError> {
         let started = *self.frame_started.get_or_insert(now);
@@ -773,10 +767,7 @@ impl Conn {
                 pool.push(f.payload);
                 return Ok(());
             }
-            inbox
-                .entry((peer, f.tag))
-                .or_default()
-                .push_back((f.payload, now - started));
+            inbox.push(peer, f.tag, (f.payload, now - started));
         }
         Ok(())
     }
@@ -839,7 +830,7 @@ impl Conn {
     fn release_held(
         &mut self,
         pool: &mut Vec<Vec<u8>>,
-        inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+        inbox: &mut Inbox,
         peer: usize,
     ) -> Result<(), ReadError> {
         let Some(held) = self.held.take() else {

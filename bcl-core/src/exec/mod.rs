@@ -118,6 +118,8 @@ pub struct Executor<'p> {
     pub last_progress: Instant,
     /// Bytes sent to and received from each peer (indexed by rank).
     peer_bytes: Vec<[u64; 2]>,
+    /// One mark per peer, for `lost_peer`.
+    peer_marks: Vec<bool>,
     /// Measurements for slow-node detection: wire rates (peer, GB/s) of large messages, and
     /// the bytes and seconds of this rank's reductions and copies of received data.
     pub link_rates: Vec<(usize, f32)>,
@@ -143,6 +145,7 @@ pub struct ExecScratch {
     signature_peers: Vec<usize>,
     peer_bytes: Vec<[u64; 2]>,
     link_rates: Vec<(usize, f32)>,
+    peer_marks: Vec<bool>,
 }
 
 /// The most device-to-host copies an executor keeps in flight ahead of their sends.
@@ -167,6 +170,7 @@ impl<'p> Executor<'p> {
             mut signature_peers,
             mut peer_bytes,
             mut link_rates,
+            peer_marks,
         } = scratch;
         let n = plan.steps.len();
         waiting_for.clear();
@@ -208,6 +212,7 @@ impl<'p> Executor<'p> {
             last_progress: Instant::now(),
             peer_bytes,
             link_rates,
+            peer_marks,
             device_bytes: 0,
             device_secs: 0.0,
             downloads: Vec::new(),
@@ -228,6 +233,7 @@ impl<'p> Executor<'p> {
             signature_peers: self.signature_peers,
             peer_bytes: self.peer_bytes,
             link_rates: self.link_rates,
+            peer_marks: self.peer_marks,
         }
     }
 
@@ -311,16 +317,20 @@ impl<'p> Executor<'p> {
     }
 
     /// A peer that unfinished steps still need but whose link the transport reports lost.
-    /// (Asked while waiting: the cheap transport question first, and no allocation.)
-    pub fn lost_peer(&self, transport: &dyn Transport) -> Option<usize> {
-        (0..self.peer_bytes.len()).find(|&peer| {
-            transport.peer_lost(peer)
-                && self.plan.steps.iter().enumerate().any(|(i, step)| {
-                    !self.done[i]
-                        && matches!(step.action,
-                            Action::Send { peer: p, .. } | Action::Recv { peer: p, .. } if p == peer)
-                })
-        })
+    /// (Asked while waiting: each such peer once, and no allocation.)
+    pub fn lost_peer(&mut self, transport: &dyn Transport) -> Option<usize> {
+        let needed = &mut self.peer_marks;
+        needed.clear();
+        needed.resize(self.peer_bytes.len(), false);
+        for (i, step) in self.plan.steps.iter().enumerate() {
+            match step.action {
+                Action::Send { peer, .. } | Action::Recv { peer, .. } if !self.done[i] => {
+                    needed[peer] = true;
+                }
+                _ => {}
+            }
+        }
+        (0..needed.len()).find(|&peer| needed[peer] && transport.peer_lost(peer))
     }
 
     /// Issue every ready step. Returns whether anything moved.

@@ -128,7 +128,7 @@ impl FrameDecoder {
                     payload.resize(len, 0);
                 }
                 if len == 0 {
-                    self.reset();
+                    let _header = self.reset();
                     return Ok(Some(Frame { tag, payload }));
                 }
                 self.state = State::Payload {
@@ -143,14 +143,7 @@ impl FrameDecoder {
                 if *filled < buf.len() {
                     return Ok(None);
                 }
-                let done = std::mem::replace(
-                    &mut self.state,
-                    State::Header {
-                        buf: [0; HEADER_LEN],
-                        filled: 0,
-                    },
-                );
-                match done {
+                match self.reset() {
                     State::Payload { tag, buf, .. } => Ok(Some(Frame { tag, payload: buf })),
                     State::Header { .. } => Ok(None),
                 }
@@ -171,24 +164,21 @@ impl FrameDecoder {
     /// caller's memory): expect the next header, and take back the buffer it was not written
     /// into.
     pub fn payload_received_elsewhere(&mut self) -> Option<Vec<u8>> {
-        let state = std::mem::replace(
-            &mut self.state,
-            State::Header {
-                buf: [0; HEADER_LEN],
-                filled: 0,
-            },
-        );
-        match state {
+        match self.reset() {
             State::Payload { buf, .. } => Some(buf),
             State::Header { .. } => None,
         }
     }
 
-    fn reset(&mut self) {
-        self.state = State::Header {
-            buf: [0; HEADER_LEN],
-            filled: 0,
-        };
+    /// Expect a header next; returns the state left.
+    fn reset(&mut self) -> State {
+        std::mem::replace(
+            &mut self.state,
+            State::Header {
+                buf: [0; HEADER_LEN],
+                filled: 0,
+            },
+        )
     }
 }
 

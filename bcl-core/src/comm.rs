@@ -12,7 +12,9 @@ use crate::exec::{Bindings, ExecError, ExecScratch, Executor, Memory, OpContext}
 use crate::health::{Cause, Health, Measurements, Verdict};
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
-use crate::schedule::{Algorithm, Collective, Fabric, Layout, Plan, build_plan, select};
+use crate::schedule::{
+    Algorithm, Collective, Fabric, Layout, Plan, build_plan, connections_per_peer, select,
+};
 use crate::signature::Signature;
 use crate::topology::{LinkKind, RankInfo, ring_order};
 use crate::unique_id::UniqueId;
@@ -333,6 +335,7 @@ impl Communicator {
             fabric: Fabric {
                 world,
                 all_shared_memory: links::all_shared_memory(&peers),
+                one_host: peers.iter().all(|p| p.host_id == me.host_id),
             },
             peers,
             links,
@@ -1201,6 +1204,11 @@ fn run<'a>(
     let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
     let deadline = started + timeout;
     let hang_timeout = shared.config.health.hang_timeout;
+    transport.limit_connections(connections_per_peer(
+        collective,
+        count * dtype.size(),
+        shared.fabric,
+    ));
     let mut exec = Executor::reusing(plan, shared.world, std::mem::take(exec_scratch));
     let mut idle = 0u32;
     let mut idle_since = Instant::now();

@@ -63,6 +63,8 @@ pub struct CommConfig {
     pub transport: TransportKind,
     /// TCP connections per peer.
     pub sockets_per_peer: usize,
+    /// SO_SNDBUF and SO_RCVBUF of each TCP connection.
+    pub socket_buffer: usize,
     /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
     pub rdma_device: Option<String>,
     /// Address the TCP transport listens on and publishes.
@@ -92,6 +94,7 @@ impl Default for CommConfig {
             device_index: 0,
             transport: TransportKind::Auto,
             sockets_per_peer: 2,
+            socket_buffer: 4 << 20,
             rdma_device: None,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             init_timeout: Duration::from_secs(60),
@@ -115,7 +118,7 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
-    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
+    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_SOCKET_BUFFER`, `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
     /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd, hd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
     /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`, `BCL_SPIN_US`.
@@ -130,6 +133,9 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_SOCKETS_PER_PEER") {
             self.sockets_per_peer = number::<usize>("BCL_SOCKETS_PER_PEER", &v)?.clamp(1, 64);
+        }
+        if let Some(v) = get("BCL_SOCKET_BUFFER") {
+            self.socket_buffer = number::<usize>("BCL_SOCKET_BUFFER", &v)?;
         }
         if let Some(v) = get("BCL_RDMA_DEVICE") {
             self.rdma_device = Some(v).filter(|v| !v.is_empty());
@@ -221,8 +227,15 @@ mod tests {
                 ("BCL_HEARTBEAT_MS", "50"),
                 ("BCL_HANG_TIMEOUT_MS", "700"),
                 ("BCL_DUMP_DIR", "/tmp/bcl-dumps"),
+                ("BCL_SOCKET_BUFFER", "0"),
             ]))
             .expect("config");
+        assert_eq!(c.socket_buffer, 0);
+        assert_eq!(CommConfig::default().socket_buffer, 4 << 20);
+        let e = CommConfig::default()
+            .with_env(&env(&[("BCL_SOCKET_BUFFER", "4M")]))
+            .expect_err("not a number");
+        assert!(e.to_string().contains("BCL_SOCKET_BUFFER='4M'"), "{e}");
         assert!(!c.health.enabled);
         assert_eq!(c.health.heartbeat, Duration::from_millis(50));
         assert_eq!(c.health.hang_timeout, Duration::from_millis(700));

@@ -268,6 +268,12 @@ impl Transport for Routes {
         self.parts.iter().all(|p| p.flushed())
     }
 
+    fn limit_connections(&mut self, per_peer: Option<usize>) {
+        for p in self.parts.iter_mut() {
+            p.limit_connections(per_peer);
+        }
+    }
+
     fn peer_lost(&self, peer: usize) -> bool {
         self.parts[self.index(peer)].peer_lost(peer)
     }

@@ -204,6 +204,12 @@ pub trait Transport: Send + fmt::Debug {
         Vec::new()
     }
 
+    /// Spread the messages sent from now on to each peer over at most `per_peer` of the
+    /// connections this transport keeps to it (`None`: all of them). Only the sender's choice:
+    /// a receiver takes a message on whichever connection it comes. Transports with one
+    /// channel per peer ignore it.
+    fn limit_connections(&mut self, _per_peer: Option<usize>) {}
+
     /// Whether every queued send has left this process.
     fn flushed(&self) -> bool;
 

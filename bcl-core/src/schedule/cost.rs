@@ -63,6 +63,19 @@ pub mod measured {
     };
 }
 
+/// The allreduce size from which two ranks on one host send over one TCP connection per peer
+/// instead of spreading their messages over all of them (`schedule::connections_per_peer`).
+/// Measured on this project's test VM (2 vCPUs, one rank per core) on 2026-12-01, per size the
+/// two settings alternated 6 times (`bcl-bench allreduce --nranks 2 --transport tcp` with
+/// `BCL_SOCKETS_PER_PEER=1|2`), busbw medians in GB/s, one vs two connections: 8 MiB 1.78 / 2.04,
+/// 16 MiB 1.53 / 1.83 (two won 6 of 6), 32 MiB 1.43 / 1.27, 64 MiB 1.51 / 1.26, 128 MiB 1.53 /
+/// 1.25 (one won 5, 6 and 6 of 6); 256 MiB 1.65 / 1.08 in another run (8 of 8). While a step's
+/// data fits in the socket buffers, two connections let both cores work on it; beyond, each
+/// byte costs more kernel time over two (system time of eight 256 MiB allreduces: 6.8-7.2 s
+/// against 5.4-5.6 s). With 4 ranks on the 2 cores two connections were as fast or faster at
+/// every size (4 MiB-256 MiB), so larger worlds keep them all.
+pub const ONE_CONNECTION_FROM: usize = 32 << 20;
+
 /// The constants for a fabric: shared memory when every link is, TCP otherwise (a mixed
 /// fabric is as slow as its slowest link).
 pub fn link_cost(fabric: Fabric) -> LinkCost {
@@ -240,6 +253,7 @@ mod tests {
                 let cost = link_cost(Fabric {
                     world,
                     all_shared_memory: shm,
+                    one_host: true,
                 });
                 assert_eq!(
                     cheaper_allreduce(8, world, cost, !shm),
@@ -308,6 +322,7 @@ mod tests {
             let cost = link_cost(Fabric {
                 world,
                 all_shared_memory: false,
+                one_host: true,
             });
             for (bytes, ring, rd, hd) in run {
                 let picked = cheaper_allreduce(bytes, world, cost, true);
@@ -336,5 +351,46 @@ mod tests {
         let four = allreduce_seconds(Algorithm::RecursiveDoubling, 1 << 20, 4, cost);
         assert!(five > four);
         assert_eq!(allreduce_seconds(Algorithm::Ring, 1 << 20, 1, cost), 0.0);
+    }
+
+    /// Large allreduces of the two ranks of one host over TCP go over one connection per
+    /// peer; everything else (smaller, other collectives, more ranks, other hosts, shared
+    /// memory) keeps all of them.
+    #[test]
+    fn one_connection_only_for_a_large_allreduce_between_two_ranks_of_one_host() {
+        use crate::schedule::{Collective, connections_per_peer};
+        use bcl_backends::ReduceOp;
+        let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
+        let fabric = |world, all_shared_memory, one_host| Fabric {
+            world,
+            all_shared_memory,
+            one_host,
+        };
+        let pair = fabric(2, false, true);
+        assert_eq!(
+            connections_per_peer(allreduce, ONE_CONNECTION_FROM, pair),
+            Some(1)
+        );
+        assert_eq!(connections_per_peer(allreduce, 256 << 20, pair), Some(1));
+        assert_eq!(
+            connections_per_peer(allreduce, ONE_CONNECTION_FROM - 1, pair),
+            None
+        );
+        assert_eq!(connections_per_peer(allreduce, 16 << 20, pair), None);
+        for other in [
+            fabric(4, false, true),
+            fabric(2, false, false),
+            fabric(2, true, true),
+        ] {
+            assert_eq!(
+                connections_per_peer(allreduce, 256 << 20, other),
+                None,
+                "{other:?}"
+            );
+        }
+        assert_eq!(
+            connections_per_peer(Collective::AllGather, 256 << 20, pair),
+            None
+        );
     }
 }

@@ -157,6 +157,8 @@ pub struct Fabric {
     pub world: usize,
     /// Every rank is on one host and every link is shared memory.
     pub all_shared_memory: bool,
+    /// Every rank is on one host (over TCP: every link is loopback).
+    pub one_host: bool,
 }
 
 /// The algorithm for `collective` over `bytes` (the whole buffer): for allreduce the cheapest
@@ -172,6 +174,20 @@ pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm
             !fabric.all_shared_memory,
         ),
         _ => Algorithm::Ring,
+    }
+}
+
+/// Over how many of its connections to each peer a transport spreads the messages of
+/// `collective` over `bytes` (`None`: all it has): one for a large allreduce between the two
+/// ranks of one host over TCP ([`cost::ONE_CONNECTION_FROM`]), all of them otherwise.
+/// Pure, like [`select`]; only the sender acts on it, so ranks need not agree.
+pub fn connections_per_peer(collective: Collective, bytes: usize, fabric: Fabric) -> Option<usize> {
+    let loopback_pair = fabric.world == 2 && fabric.one_host && !fabric.all_shared_memory;
+    match collective {
+        Collective::AllReduce { .. } if loopback_pair && bytes >= cost::ONE_CONNECTION_FROM => {
+            Some(1)
+        }
+        _ => None,
     }
 }
 

@@ -14,6 +14,8 @@
 pub mod codec;
 pub(crate) mod connect;
 mod inbox;
+#[cfg(test)]
+mod tests;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
@@ -48,9 +50,13 @@ pub struct TcpConfig {
     pub secret: Secret,
     /// The largest frame payload accepted from a peer.
     pub max_frame: usize,
-    /// SO_SNDBUF / SO_RCVBUF per socket.
+    /// SO_SNDBUF / SO_RCVBUF per socket (0: the kernel's autotuning). The kernel caps it at
+    /// `net.core.wmem_max` / `rmem_max`.
     pub socket_buffer: usize,
-    /// Bytes queued towards one peer before `try_send` answers "not now".
+    /// Bytes copied into the transport's queue towards one peer before `try_send` answers
+    /// "not now". Small, so that a busy socket makes the caller retry (and then write from its
+    /// own memory) instead of copying every message: with 16 MiB, 71-81 % of the bytes of a
+    /// 2-rank 256 MiB allreduce were copied into the queue first, with 1 MiB about 3 %.
     pub max_queued_per_peer: usize,
 }
 
@@ -62,7 +68,7 @@ impl TcpConfig {
             secret,
             max_frame: 64 << 20,
             socket_buffer: 4 << 20,
-            max_queued_per_peer: 16 << 20,
+            max_queued_per_peer: 1 << 20,
         }
     }
 }
@@ -129,6 +135,7 @@ enum ReadOutcome {
 struct Peer {
     addr: String,
     conns: Vec<Conn>,
+    /// The connection the next message goes on (round robin over the first `width` of them).
     next: usize,
     queued: usize,
     closed: bool,
@@ -147,6 +154,9 @@ pub struct TcpTransport {
     readable: crate::poll::ReadableSet,
     /// The descriptors `wait` sleeps on, kept between calls (no allocation per wait).
     wait_fds: Vec<(std::os::fd::RawFd, bool)>,
+    /// How many of a peer's connections messages are spread over (`None`: all of them), as
+    /// set by [`Transport::limit_connections`].
+    connections_in_use: Option<usize>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -183,6 +193,7 @@ impl TcpTransport {
             peers: KeyMap::default(),
             inbox: Inbox::default(),
             pool: Vec::new(),
+            connections_in_use: None,
             readable: Default::default(),
             wait_fds: Vec::new(),
         })
@@ -196,13 +207,19 @@ impl TcpTransport {
 
     fn configure(&self, peer: usize, addr: &str, s: &TcpStream) -> Result<(), TransportError> {
         let sock = socket2::SockRef::from(s);
+        let size = self.config.socket_buffer;
         let r = s
             .set_nodelay(true)
             .and_then(|_| s.set_nonblocking(true))
             .and_then(|_| s.set_read_timeout(None))
             .and_then(|_| s.set_write_timeout(None))
-            .and_then(|_| sock.set_send_buffer_size(self.config.socket_buffer))
-            .and_then(|_| sock.set_recv_buffer_size(self.config.socket_buffer));
+            // 0 leaves the kernel's autotuning (which a set size turns off).
+            .and_then(|_| match size {
+                0 => Ok(()),
+                _ => sock
+                    .set_send_buffer_size(size)
+                    .and_then(|_| sock.set_recv_buffer_size(size)),
+            });
         r.map_err(|source| TransportError::Io {
             op: "configure socket",
             peer,
@@ -400,8 +417,11 @@ impl Transport for TcpTransport {
             self.pool.push(buf);
             return Ok(false);
         }
-        let i = p.next;
-        p.next = (p.next + 1) % p.conns.len();
+        let width = self
+            .connections_in_use
+            .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
+        let i = p.next % width;
+        p.next = (i + 1) % width;
         let conn = &mut p.conns[i];
         let header = encode_header(tag, data.len() as u32);
         // An idle socket takes what it can straight from the caller's bytes; only the part it
@@ -616,6 +636,10 @@ impl Transport for TcpTransport {
                 .map(|c| (c.stream.as_raw_fd(), !c.out.is_empty())),
         );
         Readiness::Sleep
+    }
+
+    fn limit_connections(&mut self, per_peer: Option<usize>) {
+        self.connections_in_use = per_peer;
     }
 
     fn peer_lost(&self, peer: usize) -> bool {

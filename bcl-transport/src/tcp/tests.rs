@@ -1,0 +1,87 @@
+use super::*;
+
+/// Two connected endpoints, ranks 0 and 1, with `sockets` connections per peer and small
+/// socket buffers (so that sends queue up), and room to queue `queue` bytes per peer.
+fn pair(sockets: usize, queue: usize) -> (TcpTransport, TcpTransport) {
+    let endpoint = || {
+        let mut c = TcpConfig::new(Secret([5; 16]));
+        c.sockets_per_peer = sockets;
+        c.socket_buffer = 64 << 10;
+        c.max_queued_per_peer = queue;
+        TcpTransport::bind(c).expect("bind")
+    };
+    let (mut a, mut b) = (endpoint(), endpoint());
+    let (aa, ba) = (a.address().clone(), b.address().clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        let t = s.spawn(|| b.connect(1, &[(0, aa)], deadline));
+        a.connect(0, &[(1, ba)], deadline).expect("connect rank 0");
+        t.join().expect("thread").expect("connect rank 1");
+    });
+    (a, b)
+}
+
+/// Frames still queued on each connection to `peer`.
+fn queued_frames(t: &TcpTransport, peer: usize) -> Vec<usize> {
+    t.peers[&peer].conns.iter().map(|c| c.out.len()).collect()
+}
+
+fn receive_all(b: &mut TcpTransport, a: &mut TcpTransport, tags: std::ops::Range<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for tag in tags {
+        let message = loop {
+            a.progress().expect("sender progress");
+            b.progress().expect("receiver progress");
+            if let Some(m) = b.try_recv(0, tag).expect("receive") {
+                break m;
+            }
+            assert!(Instant::now() < deadline, "frame {tag} never arrived");
+        };
+        assert!(message.data.iter().all(|&x| x == tag as u8), "frame {tag}");
+        b.release(message);
+    }
+}
+
+#[test]
+fn limited_to_one_connection_every_frame_queues_on_the_first() {
+    let (mut a, mut b) = pair(2, 64 << 20);
+    a.limit_connections(Some(1));
+    for tag in 0..6u64 {
+        assert!(a.try_send(1, tag, &vec![tag as u8; 1 << 20]).expect("send"));
+    }
+    let queued = queued_frames(&a, 1);
+    assert_eq!(
+        queued[1], 0,
+        "a frame went on the second connection: {queued:?}"
+    );
+    assert!(
+        queued[0] >= 4,
+        "the frames should wait on the first: {queued:?}"
+    );
+    receive_all(&mut b, &mut a, 0..6);
+
+    // Back to all connections: the frames alternate between them.
+    a.limit_connections(None);
+    for tag in 6..12u64 {
+        assert!(a.try_send(1, tag, &vec![tag as u8; 1 << 20]).expect("send"));
+    }
+    let queued = queued_frames(&a, 1);
+    assert!(
+        queued.iter().all(|&n| n >= 2),
+        "frames of both connections: {queued:?}"
+    );
+    receive_all(&mut b, &mut a, 6..12);
+}
+
+#[test]
+fn a_full_queue_says_not_now_and_takes_the_frame_once_it_drains() {
+    let (mut a, mut b) = pair(1, 1 << 20);
+    let frame = vec![3u8; 1 << 20];
+    assert!(a.try_send(1, 3, &frame).expect("send"));
+    // Most of the first megabyte waits in the queue (64 KiB socket buffers): no room for more.
+    assert!(!a.try_send(1, 4, &vec![4u8; 1 << 20]).expect("send"));
+    assert_eq!(queued_frames(&a, 1), vec![1]);
+    receive_all(&mut b, &mut a, 3..4);
+    assert!(a.try_send(1, 4, &vec![4u8; 1 << 20]).expect("send"));
+    receive_all(&mut b, &mut a, 4..5);
+}

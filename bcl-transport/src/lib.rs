@@ -23,6 +23,8 @@ pub mod routes;
 pub mod shm;
 pub mod store;
 pub mod tcp;
+#[cfg(test)]
+mod testing;
 pub mod transport;
 
 pub use auth::Secret;

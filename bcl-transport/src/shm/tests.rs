@@ -15,13 +15,7 @@ fn endpoint(ring_bytes: usize) -> ShmTransport {
 /// Two connected endpoints, ranks 0 and 1.
 fn pair(ring_bytes: usize) -> (ShmTransport, ShmTransport) {
     let (mut a, mut b) = (endpoint(ring_bytes), endpoint(ring_bytes));
-    let (aa, ba) = (a.address().clone(), b.address().clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    std::thread::scope(|s| {
-        let t = s.spawn(|| b.connect(1, &[(0, aa)], deadline));
-        a.connect(0, &[(1, ba)], deadline).expect("connect rank 0");
-        t.join().expect("thread").expect("connect rank 1");
-    });
+    crate::testing::connect_pair(&mut a, &mut b);
     (a, b)
 }
 

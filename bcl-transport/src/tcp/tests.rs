@@ -11,13 +11,7 @@ fn pair(sockets: usize, queue: usize) -> (TcpTransport, TcpTransport) {
         TcpTransport::bind(c).expect("bind")
     };
     let (mut a, mut b) = (endpoint(), endpoint());
-    let (aa, ba) = (a.address().clone(), b.address().clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    std::thread::scope(|s| {
-        let t = s.spawn(|| b.connect(1, &[(0, aa)], deadline));
-        a.connect(0, &[(1, ba)], deadline).expect("connect rank 0");
-        t.join().expect("thread").expect("connect rank 1");
-    });
+    crate::testing::connect_pair(&mut a, &mut b);
     (a, b)
 }
 

@@ -321,10 +321,8 @@ impl Communicator {
         health
             .watch(peers.clone(), layout.ring().to_vec(), deadline)
             .map_err(|reason| Error::Bootstrap { rank, reason })?;
-        let spin = polling(
-            config.spin,
-            peers.iter().filter(|p| p.host_id == me.host_id).count(),
-        );
+        let local_ranks = peers.iter().filter(|p| p.host_id == me.host_id).count();
+        let spin = polling(config.spin, local_ranks);
         tracing::debug!(rank, world, ring = ?layout.ring(), device = %me.device, "communicator ready");
         let config_timeout_ms = config.op_timeout.as_millis() as u64;
         let shared = Arc::new(Shared {
@@ -335,7 +333,7 @@ impl Communicator {
             fabric: Fabric {
                 world,
                 all_shared_memory: links::all_shared_memory(&peers),
-                one_host: peers.iter().all(|p| p.host_id == me.host_id),
+                one_host: local_ranks == world,
             },
             peers,
             links,
@@ -1204,11 +1202,12 @@ fn run<'a>(
     let timeout = Duration::from_millis(shared.op_timeout_ms.load(Ordering::Relaxed));
     let deadline = started + timeout;
     let hang_timeout = shared.config.health.hang_timeout;
-    transport.limit_connections(connections_per_peer(
-        collective,
-        count * dtype.size(),
-        shared.fabric,
-    ));
+    transport.limit_connections(
+        shared
+            .config
+            .sockets_per_op
+            .or_else(|| connections_per_peer(collective, count * dtype.size(), shared.fabric)),
+    );
     let mut exec = Executor::reusing(plan, shared.world, std::mem::take(exec_scratch));
     let mut idle = 0u32;
     let mut idle_since = Instant::now();

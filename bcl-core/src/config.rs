@@ -63,8 +63,11 @@ pub struct CommConfig {
     pub transport: TransportKind,
     /// TCP connections per peer.
     pub sockets_per_peer: usize,
-    /// SO_SNDBUF and SO_RCVBUF of each TCP connection.
+    /// SO_SNDBUF and SO_RCVBUF of each TCP connection (0: the kernel's autotuning).
     pub socket_buffer: usize,
+    /// Over how many of a peer's connections an operation spreads its messages, instead of
+    /// choosing by size (`schedule::connections_per_peer`); `None`: choose.
+    pub sockets_per_op: Option<usize>,
     /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
     pub rdma_device: Option<String>,
     /// Address the TCP transport listens on and publishes.
@@ -95,6 +98,7 @@ impl Default for CommConfig {
             transport: TransportKind::Auto,
             sockets_per_peer: 2,
             socket_buffer: 4 << 20,
+            sockets_per_op: None,
             rdma_device: None,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             init_timeout: Duration::from_secs(60),
@@ -118,7 +122,8 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
 
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
-    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_SOCKET_BUFFER`, `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
+    /// `BCL_DEVICE`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`, `BCL_SOCKET_BUFFER`,
+    /// `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`, `BCL_BIND_IP`,
     /// `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO` (auto, ring, rd, hd),
     /// `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`, `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`,
     /// `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`, `BCL_SPIN_US`.
@@ -136,6 +141,12 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_SOCKET_BUFFER") {
             self.socket_buffer = number::<usize>("BCL_SOCKET_BUFFER", &v)?;
+        }
+        if let Some(v) = get("BCL_SOCKETS_PER_OP") {
+            self.sockets_per_op = match v.trim() {
+                "auto" => None,
+                n => Some(number::<usize>("BCL_SOCKETS_PER_OP", n)?.max(1)),
+            };
         }
         if let Some(v) = get("BCL_RDMA_DEVICE") {
             self.rdma_device = Some(v).filter(|v| !v.is_empty());
@@ -232,6 +243,16 @@ mod tests {
             .expect("config");
         assert_eq!(c.socket_buffer, 0);
         assert_eq!(CommConfig::default().socket_buffer, 4 << 20);
+        let forced = |v: &str| {
+            CommConfig::default()
+                .with_env(&env(&[("BCL_SOCKETS_PER_OP", v)]))
+                .map(|c| c.sockets_per_op)
+        };
+        assert_eq!(forced("1").expect("1"), Some(1));
+        assert_eq!(forced("auto").expect("auto"), None);
+        assert_eq!(forced("0").expect("0"), Some(1));
+        let e = forced("all").expect_err("not a number");
+        assert!(e.to_string().contains("BCL_SOCKETS_PER_OP='all'"), "{e}");
         let e = CommConfig::default()
             .with_env(&env(&[("BCL_SOCKET_BUFFER", "4M")]))
             .expect_err("not a number");

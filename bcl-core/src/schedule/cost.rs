@@ -65,15 +65,15 @@ pub mod measured {
 
 /// The allreduce size from which two ranks on one host send over one TCP connection per peer
 /// instead of spreading their messages over all of them (`schedule::connections_per_peer`).
-/// Measured on this project's test VM (2 vCPUs, one rank per core) on 2026-12-01, per size the
-/// two settings alternated 6 times (`bcl-bench allreduce --nranks 2 --transport tcp` with
-/// `BCL_SOCKETS_PER_PEER=1|2`), busbw medians in GB/s, one vs two connections: 8 MiB 1.78 / 2.04,
-/// 16 MiB 1.53 / 1.83 (two won 6 of 6), 32 MiB 1.43 / 1.27, 64 MiB 1.51 / 1.26, 128 MiB 1.53 /
-/// 1.25 (one won 5, 6 and 6 of 6); 256 MiB 1.65 / 1.08 in another run (8 of 8). While a step's
-/// data fits in the socket buffers, two connections let both cores work on it; beyond, each
-/// byte costs more kernel time over two (system time of eight 256 MiB allreduces: 6.8-7.2 s
-/// against 5.4-5.6 s). With 4 ranks on the 2 cores two connections were as fast or faster at
-/// every size (4 MiB-256 MiB), so larger worlds keep them all.
+/// Measured on this project's test VM (2 vCPUs, one rank per core) on 2026-12-01 with
+/// `scripts/alternate-bench.sh 2 6 "8M 16M 32M 64M 128M 256M" "two:BCL_SOCKETS_PER_OP=2"
+/// "one:BCL_SOCKETS_PER_OP=1"`, busbw medians in GB/s, two vs one connection: 8 MiB 2.61 / 1.70,
+/// 16 MiB 1.70 / 1.38 (two won 4 and 5 of 6), 32 MiB 1.21 / 1.33, 64 MiB 1.09 / 1.45, 128 MiB
+/// 1.25 / 1.49, 256 MiB 1.36 / 1.56 (one won 4, 5, 6 and 5 of 6). While a step's data fits in
+/// the socket buffers, two connections let both cores work on it; beyond, each byte costs more
+/// kernel time over two (with the earlier 16 MiB send queue, system time of eight 256 MiB
+/// allreduces: 6.8-7.2 s against 5.4-5.6 s). With 4 ranks on the 2 cores two connections were as
+/// fast or faster at every size (4 MiB-256 MiB, 5 alternations), so larger worlds keep them all.
 pub const ONE_CONNECTION_FROM: usize = 32 << 20;
 
 /// The constants for a fabric: shared memory when every link is, TCP otherwise (a mixed

@@ -2,7 +2,7 @@
 //! within the init deadline; a rank that never arrives is named.
 
 use crate::error::{Error, Result};
-use crate::topology::RankInfo;
+use crate::peers::RankInfo;
 use bcl_transport::store::{Store, StoreError};
 use std::time::Instant;
 

@@ -7,16 +7,18 @@
 
 use crate::bootstrap;
 use crate::config::{CommConfig, TransportKind, process_env};
-use crate::error::{Error, PeerLabel, Result};
+use crate::error::{Error, Result};
+use crate::exec::Measurements;
 use crate::exec::{Bindings, ExecError, ExecScratch, Executor, Memory, OpContext};
-use crate::health::{Cause, Health, Measurements, Verdict};
+use crate::health::{Cause, Health, Verdict};
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
+use crate::peers::{PeerLabel, RankInfo};
 use crate::schedule::{
     Algorithm, Collective, Fabric, Layout, Plan, build_plan, connections_per_peer, select,
 };
 use crate::signature::Signature;
-use crate::topology::{LinkKind, RankInfo, ring_order};
+use crate::topology::{LinkKind, ring_order};
 use crate::unique_id::UniqueId;
 use crate::work::{Work, WorkState};
 use bcl_backends::host::{host_identity, hostname};
@@ -127,16 +129,6 @@ impl std::fmt::Debug for Communicator {
             self.shared.world,
             self.shared.accelerator.info()
         )
-    }
-}
-
-/// Bytes as a person reads them.
-pub fn human_bytes(n: usize) -> String {
-    match n {
-        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
     }
 }
 

@@ -1,11 +1,11 @@
 //! Configuration, and the one place where environment variables are read.
 
 use crate::error::{Error, Result};
-use crate::health::HealthConfig;
 use crate::schedule::Algorithm;
 use bcl_backends::DeviceSpec;
 use bcl_transport::mem::MemFabric;
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Which transport a communicator uses between its ranks.
@@ -49,6 +49,36 @@ impl TransportKind {
             TransportKind::Shm => "shm",
             TransportKind::Rdma => "rdma",
             TransportKind::Mem(_) => "mem",
+        }
+    }
+}
+
+/// Settings of the health layer (see `CommConfig`).
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// Run the health channel (heartbeats, diagnosis). Signatures and the flight recorder
+    /// are always on.
+    pub enabled: bool,
+    pub heartbeat: Duration,
+    /// Silence (or a stalled operation) longer than this makes a peer a suspect.
+    pub hang_timeout: Duration,
+    /// Where the flight recorder is written on a fault (none: not written).
+    pub dump_dir: Option<PathBuf>,
+    /// Operations the flight recorder keeps.
+    pub recorder_ops: usize,
+    /// How often each rank sends its slow-node measurements to rank 0's detector.
+    pub window: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            heartbeat: Duration::from_millis(200),
+            hang_timeout: Duration::from_millis(2000),
+            dump_dir: None,
+            recorder_ops: 1024,
+            window: Duration::from_millis(500),
         }
     }
 }

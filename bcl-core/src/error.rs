@@ -1,24 +1,41 @@
 //! The one error type of the core. Its variants map one to one onto the C result codes of
-//! the C ABI to come.
+//! `bcl.h` (`bcl-ffi`'s `code_of`).
 //!
 //! Policy: bad input from the caller is an [`Error::InvalidArgument`] and changes nothing;
 //! a broken internal invariant is a debug assertion; I/O, remote and timeout errors poison
 //! the communicator, and every later call fails fast with [`Error::Poisoned`] naming the
 //! first fault.
 
-use crate::health::Cause;
+use crate::peers::PeerLabel;
 use bcl_backends::DeviceError;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What a message says about a peer: its rank, host and device, as a person reads them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerLabel(pub String);
+/// What kind of fault a verdict names (see the health layer). Part of the error vocabulary:
+/// [`Error::Fault`] carries it, and the C ABI maps it to a result code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The process is gone: its connections closed and its port refuses connections.
+    Died,
+    /// The process holds its connections but answers nothing (stopped, or its host hangs).
+    Unresponsive,
+    /// Two live ranks cannot reach each other.
+    LinkDown,
+    /// A rank reached no other rank that could check on the peer.
+    Unreachable,
+    /// Ranks called different operations.
+    Desync,
+    /// A rank aborted the communicator on purpose.
+    Aborted,
+}
 
-impl std::fmt::Display for PeerLabel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl Cause {
+    /// Whether the ranks named are the ones at fault (the rest abort because of them).
+    pub(crate) fn names_the_culprits(self) -> bool {
+        matches!(self, Cause::Died | Cause::Unresponsive | Cause::Aborted)
     }
 }
 

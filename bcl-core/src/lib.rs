@@ -25,10 +25,12 @@ pub mod exec;
 pub mod health;
 pub mod launch;
 mod links;
+pub mod peers;
 pub mod schedule;
 pub mod signature;
 pub mod topology;
 pub mod unique_id;
+pub mod units;
 mod work;
 
 pub use bcl_backends::{

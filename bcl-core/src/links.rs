@@ -4,7 +4,8 @@
 
 use crate::config::{CommConfig, TransportKind};
 use crate::error::{Error, Result};
-use crate::topology::{LinkKind, RankInfo, RdmaOffers, choose_link};
+use crate::peers::RankInfo;
+use crate::topology::{LinkKind, RdmaOffers, choose_link};
 use bcl_transport::routes::{Routes, part_address};
 use bcl_transport::shm::{ShmConfig, ShmTransport};
 use bcl_transport::tcp::{TcpConfig, TcpTransport};

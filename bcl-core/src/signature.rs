@@ -3,8 +3,8 @@
 //! its signature, so two ranks that disagree find out on their first exchange, before any data
 //! is reduced, without an extra round trip.
 
-use crate::comm::human_bytes;
 use crate::schedule::Collective;
+use crate::units::human_bytes;
 use bcl_backends::{DataType, ReduceOp};
 use std::fmt;
 

@@ -1,36 +1,7 @@
-//! What each rank knows about the others after bootstrap, the ring order, and the per-peer
-//! transport choice.
+//! The ring order and the per-peer transport choice, from what every rank published.
 
 use crate::config::TransportKind;
-use crate::error::PeerLabel;
-use bcl_backends::DeviceInfo;
-use bcl_transport::PeerAddress;
-use serde::{Deserialize, Serialize};
-
-/// One rank's self-description, published through the store.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RankInfo {
-    pub rank: usize,
-    pub hostname: String,
-    /// Equal for ranks on the same machine and network namespace.
-    pub host_id: String,
-    pub pid: u32,
-    pub device: DeviceInfo,
-    /// The transport's address for this rank.
-    pub address: PeerAddress,
-    /// The health channel's listener ("ip:port"); `None` when the health channel is off.
-    pub health: Option<String>,
-}
-
-impl RankInfo {
-    /// "rank 2 (host h1, pid 4711, sim:0)": how errors name a rank.
-    pub fn label(&self) -> PeerLabel {
-        PeerLabel(format!(
-            "rank {} (host {}, pid {}, {})",
-            self.rank, self.hostname, self.pid, self.device
-        ))
-    }
-}
+use crate::peers::RankInfo;
 
 /// The ring: ranks of one host adjacent, and within a host ranks of one vendor adjacent, so
 /// that the ring crosses hosts and vendors as few times as possible. Deterministic: every
@@ -125,7 +96,8 @@ pub struct RdmaOffers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bcl_backends::{DeviceCapabilities, Vendor};
+    use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
+    use bcl_transport::PeerAddress;
 
     fn info(rank: usize, host: &str, vendor: Vendor) -> RankInfo {
         RankInfo {

@@ -8,8 +8,10 @@
 //! reduced while the next ones are on the wire.
 
 mod memory;
+mod stats;
 
 pub use memory::{Bindings, Memory};
+pub use stats::{Measurements, PeerBytes, RATE_MIN_BYTES};
 
 use crate::schedule::{Action, Plan, Region};
 use crate::signature::{SIGNATURE_BYTES, Signature};
@@ -276,11 +278,11 @@ impl<'p> Executor<'p> {
     }
 
     /// Bytes this operation moved per peer so far.
-    pub fn peer_bytes(&self) -> impl Iterator<Item = crate::health::PeerBytes> + '_ {
+    pub fn peer_bytes(&self) -> impl Iterator<Item = PeerBytes> + '_ {
         self.peer_bytes
             .iter()
             .enumerate()
-            .map(|(peer, b)| crate::health::PeerBytes {
+            .map(|(peer, b)| PeerBytes {
                 peer,
                 sent: b[0],
                 received: b[1],
@@ -646,7 +648,7 @@ impl Sink<'_, '_, '_> {
         }
         // Device speed is measured on messages large enough to carry it (and the clock is not
         // read for small ones: on a VM a read costs a visible part of a small allreduce).
-        let timed = got >= crate::health::slow::RATE_MIN_BYTES;
+        let timed = got >= RATE_MIN_BYTES;
         let started = timed.then(Instant::now);
         let done = match (self.seed, self.reduce) {
             (Some(seed), true) => self.memory.reduce_seeded(seed, self.into, esize, data, ctx),
@@ -677,7 +679,7 @@ fn record_link_rate(
     bytes: usize,
     transfer: Option<std::time::Duration>,
 ) {
-    if bytes >= crate::health::slow::RATE_MIN_BYTES
+    if bytes >= RATE_MIN_BYTES
         && let Some(t) = transfer
     {
         let secs = t.as_secs_f64().max(1e-6);

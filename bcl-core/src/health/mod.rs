@@ -28,51 +28,22 @@ pub mod slow;
 pub mod verdict;
 pub mod wire;
 
-pub use recorder::{FlightRecorder, OpRecord, OpState, PeerBytes};
+pub use recorder::{FlightRecorder, OpRecord, OpState};
 pub use verdict::{Cause, Verdict};
 pub use wire::RankState;
 
+use crate::config::HealthConfig;
+use crate::exec::{Measurements, PeerBytes};
+use crate::peers::RankInfo;
 use crate::signature::Signature;
-use crate::topology::RankInfo;
 use bcl_transport::Secret;
 use parking_lot::Mutex;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::unix::net::UnixDatagram;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Settings of the health layer (see `CommConfig`).
-#[derive(Clone, Debug)]
-pub struct HealthConfig {
-    /// Run the health channel (heartbeats, diagnosis). Signatures and the flight recorder
-    /// are always on.
-    pub enabled: bool,
-    pub heartbeat: Duration,
-    /// Silence (or a stalled operation) longer than this makes a peer a suspect.
-    pub hang_timeout: Duration,
-    /// Where the flight recorder is written on a fault (none: not written).
-    pub dump_dir: Option<PathBuf>,
-    /// Operations the flight recorder keeps.
-    pub recorder_ops: usize,
-    /// How often each rank sends its slow-node measurements to rank 0's detector.
-    pub window: Duration,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        HealthConfig {
-            enabled: true,
-            heartbeat: Duration::from_millis(200),
-            hang_timeout: Duration::from_millis(2000),
-            dump_dir: None,
-            recorder_ops: 1024,
-            window: Duration::from_millis(500),
-        }
-    }
-}
 
 /// What the data path publishes about its operations.
 struct OpLog {
@@ -113,14 +84,6 @@ pub(crate) struct Inner {
     window: Mutex<slow::Window>,
     detector: Mutex<Option<slow::Detector>>,
     summary: Mutex<slow::Summary>,
-}
-
-/// What one operation measured for slow-node detection (see `Executor`).
-#[derive(Debug, Default)]
-pub struct Measurements {
-    pub link_rates: Vec<(usize, f32)>,
-    pub device_bytes: u64,
-    pub device_secs: f64,
 }
 
 /// One rank's health layer.

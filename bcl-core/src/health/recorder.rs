@@ -1,6 +1,7 @@
 //! The flight recorder: always on, bounded, the last operations of one communicator with
 //! their signature, state, times and bytes per peer. Dumped as JSON when a fault hits.
 
+use crate::exec::PeerBytes;
 use crate::signature::Signature;
 use serde::{Serialize, Serializer};
 use std::collections::VecDeque;
@@ -12,14 +13,6 @@ pub enum OpState {
     Running,
     Done,
     Failed,
-}
-
-/// Bytes one operation moved to and from one peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct PeerBytes {
-    pub peer: usize,
-    pub sent: u64,
-    pub received: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

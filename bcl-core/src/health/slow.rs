@@ -13,12 +13,10 @@
 //! be absent from 3 to clear, so one noisy sample raises nothing.
 
 use super::verdict::rank_list;
-use crate::topology::RankInfo;
+use crate::peers::RankInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
-/// Messages smaller than this carry no bandwidth information (latency dominates).
-pub const RATE_MIN_BYTES: usize = 64 << 10;
 /// Rate samples kept per link and window.
 const SAMPLES_PER_LINK: usize = 64;
 /// A link slower than this fraction of the median of comparable links is suspect.

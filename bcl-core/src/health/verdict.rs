@@ -2,32 +2,10 @@
 //! rank that diagnoses a fault writes it; every other rank receives the same text over the
 //! health channel and fails its operations with it.
 
-use crate::topology::RankInfo;
+pub use crate::error::Cause;
+use crate::peers::RankInfo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Cause {
-    /// The process is gone: its connections closed and its port refuses connections.
-    Died,
-    /// The process holds its connections but answers nothing (stopped, or its host hangs).
-    Unresponsive,
-    /// Two live ranks cannot reach each other.
-    LinkDown,
-    /// A rank reached no other rank that could check on the peer.
-    Unreachable,
-    /// Ranks called different operations.
-    Desync,
-    /// A rank aborted the communicator on purpose.
-    Aborted,
-}
-
-impl Cause {
-    /// Whether the ranks named are the ones at fault (the rest abort because of them).
-    fn names_the_culprits(self) -> bool {
-        matches!(self, Cause::Died | Cause::Unresponsive | Cause::Aborted)
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {

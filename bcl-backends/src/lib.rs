@@ -30,4 +30,4 @@ pub use accelerator::{
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};
 pub use half;
-pub use spec::{DeviceSpec, open_device};
+pub use spec::{DeviceOptions, DeviceSpec, open_device};

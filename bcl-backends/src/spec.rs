@@ -92,10 +92,22 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// What opening a device needs besides its spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// The shared object `plugin:N` devices come from (`BCL_DEVICE_PLUGIN`).
+    pub plugin: Option<std::path::PathBuf>,
+}
+
 /// Open the device a spec names; `index` is the device's index among its vendor's (a cuda
 /// spec names its own). Fails, never panics, where the backend cannot run here: a build
 /// without the `cuda` feature, no CUDA driver, no such device.
-pub fn open_device(spec: &DeviceSpec, index: u32) -> Result<Arc<dyn Accelerator>, DeviceError> {
+pub fn open_device(
+    spec: &DeviceSpec,
+    index: u32,
+    options: &DeviceOptions,
+) -> Result<Arc<dyn Accelerator>, DeviceError> {
+    let _ = options;
     match spec {
         DeviceSpec::Cpu => Ok(Arc::new(CpuDevice::new(index))),
         DeviceSpec::Sim(config) => Ok(Arc::new(SimDevice::new(index, *config))),
@@ -159,7 +171,7 @@ mod tests {
     /// missing library; a host with a GPU has no 10000th device.
     #[test]
     fn cuda_that_cannot_open_is_an_error() {
-        let Err(e) = open_device(&DeviceSpec::Cuda(9999), 0) else {
+        let Err(e) = open_device(&DeviceSpec::Cuda(9999), 0, &DeviceOptions::default()) else {
             panic!("cuda:9999 opened");
         };
         let text = e.to_string();

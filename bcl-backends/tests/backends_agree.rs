@@ -19,8 +19,12 @@ fn devices() -> Vec<std::sync::Arc<dyn Accelerator>> {
     specs
         .iter()
         .map(|s| {
-            open_device(&s.parse::<DeviceSpec>().expect("valid spec"), 0)
-                .unwrap_or_else(|e| panic!("{s} does not open: {e}"))
+            open_device(
+                &s.parse::<DeviceSpec>().expect("valid spec"),
+                0,
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{s} does not open: {e}"))
         })
         .collect()
 }
@@ -139,7 +143,12 @@ fn bad_handles_and_ranges_are_errors() {
 #[test]
 fn sim_paces_copies_at_its_configured_bandwidth() {
     // 0.01 GB/s = 10 MB/s: 100 KB takes 10 ms at least.
-    let dev = open_device(&"sim:copy=0.01".parse::<DeviceSpec>().expect("spec"), 0).expect("sim");
+    let dev = open_device(
+        &"sim:copy=0.01".parse::<DeviceSpec>().expect("spec"),
+        0,
+        &Default::default(),
+    )
+    .expect("sim");
     let buf = dev.allocate(100_000).expect("allocate");
     let start = std::time::Instant::now();
     dev.copy_to_device(buf.full(), &vec![1u8; 100_000], &dev.default_stream())

@@ -50,7 +50,7 @@ fn a_host_without_the_driver_gets_an_error_naming_it() {
         assert!(e.to_string().contains("cuda:4096"), "{e}");
         return;
     }
-    let Err(e) = open_device(&DeviceSpec::Cuda(0), 0) else {
+    let Err(e) = open_device(&DeviceSpec::Cuda(0), 0, &Default::default()) else {
         panic!("cuda:0 opened on a host whose driver is not available");
     };
     let text = e.to_string();
@@ -182,7 +182,7 @@ fn copies_streams_events_and_bad_handles() {
         .copy_to_device(a.slice(n - 4, 8), &[0u8; 8], &s)
         .expect_err("out of range");
     assert!(matches!(e, DeviceError::OutOfRange { .. }), "{e}");
-    let cpu = open_device(&DeviceSpec::Cpu, 0).expect("cpu");
+    let cpu = open_device(&DeviceSpec::Cpu, 0, &Default::default()).expect("cpu");
     let foreign = cpu.allocate(8).expect("cpu buffer");
     let e = dev
         .copy_to_device(foreign.full(), &[0u8; 8], &s)

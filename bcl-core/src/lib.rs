@@ -33,11 +33,16 @@ pub mod unique_id;
 pub mod units;
 mod work;
 
+/// The device side: the `Accelerator` trait a vendor implements, and the built-in backends.
+pub use bcl_backends as backends;
+/// The network side: the `Transport` trait, the built-in transports and rendezvous stores.
+pub use bcl_transport as transport;
+
 pub use bcl_backends::{
     Accelerator, DataType, DeviceBuffer, DeviceInfo, DeviceSpec, Element, ReduceOp, Vendor,
 };
 pub use bcl_transport::mem::{Faults, MemFabric};
-pub use comm::Communicator;
+pub use comm::{CommBuilder, Communicator};
 pub use config::{CommConfig, TransportKind};
 pub use error::{Error, Result};
 pub use schedule::Collective;

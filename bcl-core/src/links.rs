@@ -54,10 +54,20 @@ fn rdma(_: &CommConfig, _: Secret) -> std::result::Result<Box<dyn Transport>, St
     Err("rdma unavailable: this build has no rdma transport (build with --features rdma)".into())
 }
 
-/// Open the endpoint `config.transport` asks for. Auto without shared memory (no `/dev/shm`,
-/// say) falls back to tcp alone, with a warning; auto adds rdma where this rank can open a
-/// device, and goes without it (a debug line; a warning where a device exists but failed).
-pub(crate) fn open(rank: usize, config: &CommConfig, secret: Secret) -> Result<Endpoint> {
+/// Open this rank's endpoint: the transport passed in, else the one `config.transport` asks
+/// for. Auto without shared memory (no `/dev/shm`, say) falls back to tcp alone, with a
+/// warning; auto adds rdma where this rank can open a device, and goes without it (a debug
+/// line; a warning where a device exists but failed).
+pub(crate) fn open(
+    rank: usize,
+    config: &CommConfig,
+    secret: Secret,
+    passed_in: Option<Box<dyn Transport>>,
+) -> Result<Endpoint> {
+    if let Some(transport) = passed_in {
+        let kind = LinkKind::Custom(transport.capabilities().name);
+        return Ok(Endpoint::Single(transport, kind));
+    }
     let shm = || ShmTransport::bind(ShmConfig::new(secret));
     let routed = |parts: Vec<Box<dyn Transport>>| {
         Routes::new(parts)

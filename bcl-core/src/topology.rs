@@ -20,11 +20,15 @@ pub fn ring_order(infos: &[RankInfo]) -> Vec<usize> {
 
 /// The transport actually used towards one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LinkKind {
     Mem,
     Tcp,
     Shm,
     Rdma,
+    /// A transport passed in by the caller ([`crate::CommBuilder::transport`]), by the name
+    /// its capabilities declare.
+    Custom(&'static str),
 }
 
 impl LinkKind {
@@ -41,6 +45,7 @@ impl LinkKind {
             LinkKind::Tcp => "tcp",
             LinkKind::Shm => "shm",
             LinkKind::Rdma => "rdma",
+            LinkKind::Custom(name) => name,
         }
     }
 }

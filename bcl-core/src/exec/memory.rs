@@ -2,7 +2,7 @@
 //! Host regions use the reference kernels directly; device regions go through the
 //! Accelerator, so the executor never dereferences device memory.
 
-use super::{ExecError, OpContext, byte_range, host_reduce};
+use super::{ExecError, OpContext};
 use crate::schedule::{BufferId, Region};
 use bcl_backends::{DeviceBuffer, DeviceSlice, kernels};
 
@@ -312,4 +312,14 @@ fn slice_mut(
     b.get_mut(range).ok_or_else(|| {
         ExecError::Binding(format!("region {r:?} is outside a buffer of {len} bytes"))
     })
+}
+
+/// Host-side reduction used for host-memory regions: the reference kernels.
+fn host_reduce(dst: &mut [u8], src: &[u8], ctx: &OpContext<'_>) -> Result<(), ExecError> {
+    kernels::reduce_bytes(dst, src, ctx.dtype, ctx.op)
+        .map_err(|e| ExecError::Binding(e.to_string()))
+}
+
+fn byte_range(r: Region, esize: usize) -> std::ops::Range<usize> {
+    r.offset * esize..(r.offset + r.len) * esize
 }

@@ -7,16 +7,22 @@
 //! decides how to wait when nothing moved. Many slices are in flight at once, so a slice is
 //! reduced while the next ones are on the wire.
 
+mod clock;
 mod memory;
+mod signatures;
+mod sink;
 mod stats;
 
+pub use clock::{Clock, WallClock};
 pub use memory::{Bindings, Memory};
 pub use stats::{Measurements, PeerBytes, RATE_MIN_BYTES};
 
-use crate::schedule::{Action, Plan, Region};
-use crate::signature::{SIGNATURE_BYTES, Signature};
-use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream, kernels};
-use bcl_transport::{Landing, Received, Tag, Transport, TransportError};
+use crate::schedule::{Action, Plan};
+use crate::signature::Signature;
+use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream};
+use bcl_transport::{Landing, Tag, Transport, TransportError};
+use signatures::SignatureExchange;
+use sink::{Sink, record_link_rate};
 use std::time::Instant;
 
 /// Why a step failed; the communicator turns it into an [`crate::Error`] naming the peers.
@@ -67,22 +73,9 @@ pub struct OpContext<'a> {
     /// what each peer sends.
     pub rank: usize,
     pub signature: Signature,
+    /// Where the executor reads the time.
+    pub clock: &'a dyn Clock,
 }
-
-/// The tag of an operation's signature message, the same whatever the operation (plans
-/// number their messages from 0 up), so ranks that disagree still meet on it. Its payload is
-/// the signature, then, for a small first message, that message's own tag and data: one frame
-/// and no extra syscall on the latency path. Larger first messages follow the signature in
-/// their own frame, which costs less than copying them.
-const SIGNATURE_TAG: u32 = u32::MAX;
-/// The largest first message carried inside the signature message.
-const BUNDLE_MAX: usize = 16 << 10;
-/// Signature, then the carried message's tag.
-const BUNDLE_HEADER: usize = SIGNATURE_BYTES + 4;
-
-/// Per peer: the signature still has to be sent to it / received from it.
-const SIGNATURE_TO_SEND: u8 = 1;
-const SIGNATURE_AWAITED: u8 = 2;
 
 impl OpContext<'_> {
     fn tag(&self, tag: u32) -> Tag {
@@ -107,15 +100,8 @@ pub struct Executor<'p> {
     done: Vec<bool>,
     finished: usize,
     staging: Vec<u8>,
-    /// A small message with the signature in front.
-    bundle: Vec<u8>,
-    /// Messages that arrived inside a signature message, waiting for their receive step:
-    /// (peer, tag, message); at most one per peer.
-    carried: Vec<(usize, u32, Received)>,
-    /// Signature exchange state per peer (`SIGNATURE_*` bits), and the peers whose
-    /// signature has not arrived yet (the operation is not done before they have).
-    signature_state: Vec<u8>,
-    signature_peers: Vec<usize>,
+    /// The operation's signature, sent to and checked from every peer.
+    signatures: SignatureExchange,
     /// When a step last completed (for the health layer and timeouts).
     pub last_progress: Instant,
     /// Bytes sent to and received from each peer (indexed by rank).
@@ -141,10 +127,7 @@ pub struct ExecScratch {
     ready: Vec<usize>,
     done: Vec<bool>,
     staging: Vec<u8>,
-    bundle: Vec<u8>,
-    carried: Vec<(usize, u32, Received)>,
-    signature_state: Vec<u8>,
-    signature_peers: Vec<usize>,
+    signatures: SignatureExchange,
     peer_bytes: Vec<[u64; 2]>,
     link_rates: Vec<(usize, f32)>,
     peer_marks: Vec<bool>,
@@ -154,22 +137,20 @@ pub struct ExecScratch {
 const DOWNLOADS_AHEAD: usize = 8;
 
 impl<'p> Executor<'p> {
-    pub fn new(plan: &'p Plan, world: usize) -> Self {
-        Self::reusing(plan, world, ExecScratch::default())
+    /// An executor for `plan` among `world` ranks, started at `now`.
+    pub fn new(plan: &'p Plan, world: usize, now: Instant) -> Self {
+        Self::reusing(plan, world, ExecScratch::default(), now)
     }
 
     /// An executor that takes its vectors from `scratch` (the previous operation's, given
     /// back by [`Executor::into_scratch`]): no allocation per operation in steady state.
-    pub fn reusing(plan: &'p Plan, world: usize, scratch: ExecScratch) -> Self {
+    pub fn reusing(plan: &'p Plan, world: usize, scratch: ExecScratch, now: Instant) -> Self {
         let ExecScratch {
             mut waiting_for,
             mut ready,
             mut done,
             staging,
-            bundle,
-            mut carried,
-            mut signature_state,
-            mut signature_peers,
+            mut signatures,
             mut peer_bytes,
             mut link_rates,
             peer_marks,
@@ -177,24 +158,9 @@ impl<'p> Executor<'p> {
         let n = plan.steps.len();
         waiting_for.clear();
         waiting_for.extend(plan.steps.iter().map(|s| s.deps.len()));
-        signature_state.clear();
-        signature_state.resize(world, 0);
-        signature_peers.clear();
-        for step in &plan.steps {
-            let (peer, tag, bit) = match step.action {
-                Action::Send { peer, tag, .. } => (peer, tag, SIGNATURE_TO_SEND),
-                Action::Recv { peer, tag, .. } => (peer, tag, SIGNATURE_AWAITED),
-                _ => continue,
-            };
-            debug_assert_ne!(tag, SIGNATURE_TAG, "a plan used the signature's tag");
-            if bit == SIGNATURE_AWAITED && signature_state[peer] & bit == 0 {
-                signature_peers.push(peer);
-            }
-            signature_state[peer] |= bit;
-        }
+        signatures.reset(plan, world);
         ready.clear();
         ready.extend((0..n).filter(|i| waiting_for[*i] == 0));
-        carried.clear();
         done.clear();
         done.resize(n, false);
         peer_bytes.clear();
@@ -207,11 +173,8 @@ impl<'p> Executor<'p> {
             done,
             finished: 0,
             staging,
-            bundle,
-            carried,
-            signature_state,
-            signature_peers,
-            last_progress: Instant::now(),
+            signatures,
+            last_progress: now,
             peer_bytes,
             link_rates,
             peer_marks,
@@ -229,10 +192,7 @@ impl<'p> Executor<'p> {
             ready: self.ready,
             done: self.done,
             staging: self.staging,
-            bundle: self.bundle,
-            carried: self.carried,
-            signature_state: self.signature_state,
-            signature_peers: self.signature_peers,
+            signatures: self.signatures,
             peer_bytes: self.peer_bytes,
             link_rates: self.link_rates,
             peer_marks: self.peer_marks,
@@ -290,7 +250,7 @@ impl<'p> Executor<'p> {
     }
 
     pub fn is_done(&self) -> bool {
-        self.finished == self.plan.steps.len() && self.signature_peers.is_empty()
+        self.finished == self.plan.steps.len() && self.signatures.complete()
     }
 
     /// The peers whose messages this rank is waiting for now (ready receives).
@@ -343,8 +303,8 @@ impl<'p> Executor<'p> {
         ctx: &OpContext<'_>,
     ) -> Result<bool, ExecError> {
         let mut moved = transport.progress()?;
-        if !self.signature_peers.is_empty() {
-            moved |= self.exchange_signatures(transport, ctx)?;
+        if !self.signatures.complete() {
+            moved |= self.signatures.receive(transport, ctx)?;
         }
         self.start_downloads(memory, ctx)?;
         let mut i = 0;
@@ -367,45 +327,7 @@ impl<'p> Executor<'p> {
             }
         }
         if moved {
-            self.last_progress = Instant::now();
-        }
-        Ok(moved)
-    }
-
-    /// Check the separate signature frames that have arrived (small messages carry theirs
-    /// in front of their data instead, see `run_step`).
-    fn exchange_signatures(
-        &mut self,
-        transport: &mut dyn Transport,
-        ctx: &OpContext<'_>,
-    ) -> Result<bool, ExecError> {
-        let mut moved = false;
-        let mut k = 0;
-        while k < self.signature_peers.len() {
-            let peer = self.signature_peers[k];
-            if let Some(message) = transport.try_recv(peer, ctx.tag(SIGNATURE_TAG))? {
-                let theirs = message
-                    .data
-                    .get(..SIGNATURE_BYTES)
-                    .and_then(Signature::decode);
-                let carried = message
-                    .data
-                    .get(SIGNATURE_BYTES..BUNDLE_HEADER)
-                    .map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]));
-                if let Err(e) = check_signature(ctx, peer, theirs) {
-                    transport.release(message);
-                    return Err(e);
-                }
-                match carried {
-                    Some(tag) => self.carried.push((peer, tag, message)),
-                    None => transport.release(message),
-                }
-                self.signature_state[peer] &= !SIGNATURE_AWAITED;
-                self.signature_peers.swap_remove(k);
-                moved = true;
-            } else {
-                k += 1;
-            }
+            self.last_progress = ctx.clock.now();
         }
         Ok(moved)
     }
@@ -421,85 +343,53 @@ impl<'p> Executor<'p> {
         match &self.plan.steps[index].action {
             Action::Send { peer, tag, from } => {
                 let (peer, tag) = (*peer, *tag);
-                if let Some(at) = self.downloads.iter().position(|(s, _)| *s == index) {
-                    if !self.downloads[at].1.ready()? {
-                        return Ok(false);
+                let sent = match self.downloads.iter().position(|(s, _)| *s == index) {
+                    // Its bytes were copied off the device ahead of this step.
+                    Some(at) => {
+                        if !self.downloads[at].1.ready()? {
+                            return Ok(false);
+                        }
+                        let bytes = self.downloads[at].1.bytes();
+                        let sent = self.signatures.send(transport, ctx, peer, tag, bytes)?;
+                        if sent {
+                            self.downloads.swap_remove(at);
+                        }
+                        sent
                     }
-                    let (step, download) = self.downloads.swap_remove(at);
-                    let sent = send_bytes(
-                        transport,
-                        ctx,
-                        peer,
-                        tag,
-                        download.bytes(),
-                        &mut self.bundle,
-                        &mut self.signature_state,
-                        &mut self.peer_bytes,
-                    )?;
-                    if !sent {
-                        self.downloads.push((step, download));
+                    None => {
+                        let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
+                        self.signatures.send(transport, ctx, peer, tag, bytes)?
                     }
-                    return Ok(sent);
-                }
-                let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
-                send_bytes(
-                    transport,
-                    ctx,
-                    peer,
-                    tag,
-                    bytes,
-                    &mut self.bundle,
-                    &mut self.signature_state,
-                    &mut self.peer_bytes,
-                )
-            }
-            Action::Recv {
-                peer,
-                tag,
-                into,
-                reduce,
-                seed,
-            } => {
-                let (peer, expected) = (*peer, into.len * esize);
-                let carried = self
-                    .carried
-                    .iter()
-                    .position(|(p, t, _)| *p == peer && t == tag);
-                // A message that overwrites host memory is written there by the transport
-                // (tcp: straight from the socket, with no copy through a buffer of its own).
-                let landing = if carried.is_none() && !*reduce && seed.is_none() && expected > 0 {
-                    match memory.host_mut(*into, esize)? {
-                        Some(dest) => Some(transport.try_recv_into(peer, ctx.tag(*tag), dest)?),
-                        None => None,
-                    }
-                } else {
-                    None
                 };
-                let outcome = match landing {
-                    Some(Landing::Pending) => return Ok(false),
-                    Some(Landing::Filled(transfer)) => {
-                        record_link_rate(&mut self.link_rates, peer, expected, transfer);
-                        Ok(())
+                if sent {
+                    self.peer_bytes[peer][0] += (from.len * esize) as u64;
+                }
+                Ok(sent)
+            }
+            Action::Recv { peer, tag, .. } => {
+                let (peer, tag) = (*peer, *tag);
+                let outcome = match self.signatures.take_carried(peer, tag) {
+                    Some(message) => {
+                        let outcome = self
+                            .sink(index, memory, ctx)?
+                            .deliver(SignatureExchange::payload(&message), None);
+                        transport.release(message);
+                        outcome
                     }
-                    Some(Landing::WrongLength(got)) => Err(ExecError::Mismatch {
-                        peer,
-                        got,
-                        expected,
-                    }),
-                    None => match self.deliver(index, transport, memory, ctx, carried)? {
+                    None => match self.receive(index, transport, memory, ctx)? {
                         Some(outcome) => outcome,
                         None => return Ok(false),
                     },
                 };
                 match outcome {
-                    Ok(()) => {
-                        self.peer_bytes[peer][1] += expected as u64;
+                    Ok(bytes) => {
+                        self.peer_bytes[peer][1] += bytes as u64;
                         Ok(true)
                     }
                     Err(ExecError::Mismatch { .. }) => {
                         // A different operation, most likely: its signature (sent on its own
                         // ahead of large data) says which, if it is here.
-                        self.exchange_signatures(transport, ctx)?;
+                        self.signatures.receive(transport, ctx)?;
                         outcome.map(|_| true)
                     }
                     Err(e) => Err(e),
@@ -516,31 +406,82 @@ impl<'p> Executor<'p> {
         }
     }
 
-    /// Hand the message of receive step `index` to its [`Sink`] (the carried one, if any):
-    /// `Ok(None)`, it has not arrived; `Ok(Some(outcome))`, what delivering it did.
-    fn deliver(
+    /// Take the message of receive step `index` from the transport: `Ok(None)`, it has not
+    /// arrived; `Ok(Some(outcome))`, what delivering it did (the bytes it filled).
+    fn receive(
         &mut self,
         index: usize,
         transport: &mut dyn Transport,
         memory: &mut Bindings<'_>,
         ctx: &OpContext<'_>,
-        carried: Option<usize>,
-    ) -> Result<Option<Result<(), ExecError>>, ExecError> {
-        let plan = self.plan;
+    ) -> Result<Option<Result<usize, ExecError>>, ExecError> {
         let Action::Recv {
             peer,
             tag,
             into,
             reduce,
             seed,
-        } = &plan.steps[index].action
+        } = &self.plan.steps[index].action
         else {
             return Err(ExecError::Binding(format!("step {index} is not a receive")));
         };
-        let (peer, expected) = (*peer, into.len * ctx.dtype.size());
-        let mut sink = Sink {
+        let (peer, tag, expected) = (*peer, ctx.tag(*tag), into.len * ctx.dtype.size());
+        // A message that overwrites host memory is written there by the transport (tcp:
+        // straight from the socket, with no copy through a buffer of its own).
+        if !*reduce
+            && seed.is_none()
+            && expected > 0
+            && let Some(dest) = memory.host_mut(*into, ctx.dtype.size())?
+        {
+            return Ok(match transport.try_recv_into(peer, tag, dest)? {
+                Landing::Pending => None,
+                Landing::Filled(transfer) => {
+                    record_link_rate(&mut self.link_rates, peer, expected, transfer);
+                    Some(Ok(expected))
+                }
+                Landing::WrongLength(got) => Some(Err(ExecError::Mismatch {
+                    peer,
+                    got,
+                    expected,
+                })),
+            });
+        }
+        // Handed over where it lies (in a shared-memory ring: no copy out).
+        let mut outcome = None;
+        let mut sink = self.sink(index, memory, ctx)?;
+        let arrived = transport.try_recv_with(peer, tag, &mut |data, transfer| {
+            outcome = Some(sink.deliver(data, transfer));
+        })?;
+        if !arrived {
+            return Ok(None);
+        }
+        Ok(Some(outcome.unwrap_or_else(|| {
+            Err(ExecError::Binding(
+                "a transport reported a message it never handed over".into(),
+            ))
+        })))
+    }
+
+    /// Where the message of receive step `index` goes.
+    fn sink<'s, 'm, 'c>(
+        &'s mut self,
+        index: usize,
+        memory: &'s mut Bindings<'m>,
+        ctx: &'s OpContext<'c>,
+    ) -> Result<Sink<'s, 'm, 'c>, ExecError> {
+        let Action::Recv {
             peer,
-            expected,
+            into,
+            reduce,
+            seed,
+            ..
+        } = &self.plan.steps[index].action
+        else {
+            return Err(ExecError::Binding(format!("step {index} is not a receive")));
+        };
+        Ok(Sink {
+            peer: *peer,
+            expected: into.len * ctx.dtype.size(),
             into: *into,
             reduce: *reduce,
             seed: *seed,
@@ -549,162 +490,6 @@ impl<'p> Executor<'p> {
             device_secs: &mut self.device_secs,
             device_bytes: &mut self.device_bytes,
             link_rates: &mut self.link_rates,
-        };
-        match carried {
-            Some(at) => {
-                let message = self.carried.swap_remove(at).2;
-                let outcome = sink.deliver(&message.data[BUNDLE_HEADER..], None);
-                transport.release(message);
-                Ok(Some(outcome))
-            }
-            None => {
-                // Handed over where it lies (in a shared-memory ring: no copy out).
-                let mut outcome = None;
-                let arrived =
-                    transport.try_recv_with(peer, ctx.tag(*tag), &mut |data, transfer| {
-                        outcome = Some(sink.deliver(data, transfer));
-                    })?;
-                if !arrived {
-                    return Ok(None);
-                }
-                Ok(Some(outcome.unwrap_or_else(|| {
-                    Err(ExecError::Binding(
-                        "a transport reported a message it never handed over".into(),
-                    ))
-                })))
-            }
-        }
+        })
     }
-}
-
-/// Send one message of a plan to `peer`, the operation's signature in front of the first
-/// (bundled into one frame when small). Returns whether the transport took it.
-#[allow(clippy::too_many_arguments)]
-fn send_bytes(
-    transport: &mut dyn Transport,
-    ctx: &OpContext<'_>,
-    peer: usize,
-    tag: u32,
-    bytes: &[u8],
-    bundle: &mut Vec<u8>,
-    signature_state: &mut [u8],
-    peer_bytes: &mut [[u64; 2]],
-) -> Result<bool, ExecError> {
-    let len = bytes.len();
-    let sent = if signature_state[peer] & SIGNATURE_TO_SEND == 0 {
-        transport.try_send(peer, ctx.tag(tag), bytes)?
-    } else if len <= BUNDLE_MAX {
-        bundle.clear();
-        bundle.extend_from_slice(&ctx.signature.encode());
-        bundle.extend_from_slice(&tag.to_le_bytes());
-        bundle.extend_from_slice(bytes);
-        let sent = transport.try_send(peer, ctx.tag(SIGNATURE_TAG), bundle)?;
-        if sent {
-            signature_state[peer] &= !SIGNATURE_TO_SEND;
-        }
-        sent
-    } else {
-        if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
-            return Ok(false);
-        }
-        signature_state[peer] &= !SIGNATURE_TO_SEND;
-        transport.try_send(peer, ctx.tag(tag), bytes)?
-    };
-    if sent {
-        peer_bytes[peer][0] += len as u64;
-    }
-    Ok(sent)
-}
-
-/// Where one received message goes: reduced into or written over a region (seeded first, for
-/// out-of-place reductions), with the time and bytes the device spent on it.
-struct Sink<'s, 'm, 'c> {
-    peer: usize,
-    expected: usize,
-    into: Region,
-    reduce: bool,
-    seed: Option<Region>,
-    memory: &'s mut Bindings<'m>,
-    ctx: &'s OpContext<'c>,
-    device_secs: &'s mut f64,
-    device_bytes: &'s mut u64,
-    link_rates: &'s mut Vec<(usize, f32)>,
-}
-
-impl Sink<'_, '_, '_> {
-    fn deliver(
-        &mut self,
-        data: &[u8],
-        transfer: Option<std::time::Duration>,
-    ) -> Result<(), ExecError> {
-        let (esize, ctx) = (self.ctx.dtype.size(), self.ctx);
-        let got = data.len();
-        if got != self.expected {
-            return Err(ExecError::Mismatch {
-                peer: self.peer,
-                got,
-                expected: self.expected,
-            });
-        }
-        // Device speed is measured on messages large enough to carry it (and the clock is not
-        // read for small ones: on a VM a read costs a visible part of a small allreduce).
-        let timed = got >= RATE_MIN_BYTES;
-        let started = timed.then(Instant::now);
-        let done = match (self.seed, self.reduce) {
-            (Some(seed), true) => self.memory.reduce_seeded(seed, self.into, esize, data, ctx),
-            (seed, reduce) => {
-                if let Some(seed) = seed {
-                    self.memory.copy(seed, self.into, esize, ctx)?;
-                }
-                if reduce {
-                    self.memory.reduce_into(self.into, esize, data, ctx)
-                } else {
-                    self.memory.write(self.into, esize, data, ctx)
-                }
-            }
-        };
-        if let Some(started) = started {
-            *self.device_secs += started.elapsed().as_secs_f64();
-            *self.device_bytes += got as u64;
-        }
-        record_link_rate(self.link_rates, self.peer, got, transfer);
-        done
-    }
-}
-
-/// The wire rate of a message from `peer` large enough to carry one (slow-node detection).
-fn record_link_rate(
-    link_rates: &mut Vec<(usize, f32)>,
-    peer: usize,
-    bytes: usize,
-    transfer: Option<std::time::Duration>,
-) {
-    if bytes >= RATE_MIN_BYTES
-        && let Some(t) = transfer
-    {
-        let secs = t.as_secs_f64().max(1e-6);
-        link_rates.push((peer, (bytes as f64 / secs / 1e9) as f32));
-    }
-}
-
-/// `theirs`, received from `peer`, must be the counterpart of this operation's signature.
-fn check_signature(
-    ctx: &OpContext<'_>,
-    peer: usize,
-    theirs: Option<Signature>,
-) -> Result<(), ExecError> {
-    match theirs {
-        Some(t) if ctx.signature.matches(ctx.rank, peer, &t) => Ok(()),
-        theirs => Err(ExecError::Desync { peer, theirs }),
-    }
-}
-
-/// Host-side reduction used for host-memory regions: the reference kernels.
-fn host_reduce(dst: &mut [u8], src: &[u8], ctx: &OpContext<'_>) -> Result<(), ExecError> {
-    kernels::reduce_bytes(dst, src, ctx.dtype, ctx.op)
-        .map_err(|e| ExecError::Binding(e.to_string()))
-}
-
-fn byte_range(r: Region, esize: usize) -> std::ops::Range<usize> {
-    r.offset * esize..(r.offset + r.len) * esize
 }

@@ -1,0 +1,114 @@
+//! Checks of a call before anything is sent: ranks, roots and peers, counts, buffer sizes,
+//! and whether the communicator is still usable. A failed check is an
+//! [`Error::InvalidArgument`] (or [`Error::Poisoned`]) and changes nothing.
+
+use super::Communicator;
+use crate::error::{Error, Result};
+use crate::schedule::Collective;
+use bcl_backends::DataType;
+
+pub(super) fn check_rank(rank: usize, world: usize) -> Result<()> {
+    if world == 0 || rank >= world {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank} is not in 0..{world} (world size must be at least 1)"
+        )));
+    }
+    Ok(())
+}
+
+/// How a buffer's length must relate to what a call needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fit {
+    /// Host slices: their length is the count the caller meant, so it must match.
+    Exact,
+    /// Device buffers are allocations that may be larger than one call uses.
+    AtLeast,
+}
+
+pub(super) fn check_len(
+    what: &str,
+    got: Option<usize>,
+    want: Option<usize>,
+    fit: Fit,
+) -> Result<()> {
+    match (got, want) {
+        (Some(g), Some(w)) if g < w || (fit == Fit::Exact && g != w) => {
+            Err(Error::InvalidArgument(format!(
+                "{what} holds {g} bytes, but this call needs {w} bytes"
+            )))
+        }
+        (None, Some(w)) if w > 0 => Err(Error::InvalidArgument(format!(
+            "{what} is missing; this call needs {w} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The bytes (input, output) a call's buffers must hold.
+pub(super) type Needs = (Option<usize>, Option<usize>);
+
+impl Communicator {
+    /// `total` elements as `world` equal blocks: the per-rank count.
+    pub(super) fn per_rank(&self, total: usize) -> Result<usize> {
+        let n = self.world_size();
+        if !total.is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer of {total} elements cannot be split into {n} equal blocks"
+            )));
+        }
+        Ok(total / n)
+    }
+
+    pub(super) fn check_usable(&self) -> Result<()> {
+        match self.async_error() {
+            Some(first) => Err(Error::Poisoned(first)),
+            None => Ok(()),
+        }
+    }
+
+    /// Check a call's parameters against this communicator (usable, root or peer in range);
+    /// returns the byte sizes its buffers must have (`in_place`: one buffer, the output).
+    pub(super) fn check_call(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        in_place: bool,
+    ) -> Result<Needs> {
+        self.check_usable()?;
+        let (rank, world) = (self.rank(), self.world_size());
+        if let Some(r) = collective.root() {
+            if r >= world {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: rank {r} does not exist in a communicator of {world}",
+                    collective.name()
+                )));
+            }
+            if collective.is_point_to_point() && r == rank {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: rank {rank} cannot address itself",
+                    collective.name()
+                )));
+            }
+        }
+        let esize = dtype.size();
+        let (i, o) = collective.buffer_elems(count, world, rank);
+        let bytes = |e: Option<usize>| -> Result<Option<usize>> {
+            e.map(|e| {
+                e.checked_mul(esize).ok_or_else(|| {
+                    Error::InvalidArgument(format!("count {count} of {dtype} overflows"))
+                })
+            })
+            .transpose()
+        };
+        let (i, o) = (bytes(i)?, bytes(o)?);
+        if !in_place {
+            return Ok((i, o));
+        }
+        if collective.is_point_to_point() || collective == Collective::Barrier {
+            return Ok((None, o));
+        }
+        // One buffer, sized for the larger side.
+        Ok((None, Some(i.unwrap_or(0).max(o.unwrap_or(0)))))
+    }
+}

@@ -1,0 +1,212 @@
+//! The `Communicator`: a group of ranks that run collectives together.
+//!
+//! Operations run in call order. Device-buffer operations are enqueued and driven by the
+//! communicator's progress thread, returning a [`Work`](crate::Work) handle. Host-slice
+//! operations are blocking: the caller waits until earlier enqueued work is done and then
+//! drives the executor on its own thread (no hand-off, and the borrowed slices never leave the
+//! call).
+//!
+//! ```text
+//!   init.rs    builder and init paths ──► a connected Shared (+ progress thread)
+//!   host.rs    typed host-slice calls ──┐
+//!   device.rs  device-buffer calls ─────┤ (queued; the progress thread runs them)
+//!                                       ▼
+//!   op.rs      one operation's life: begin (sequence, signature, plan, scratch)
+//!                                    drive (executor polls; wait.rs decides how to wait)
+//!                                    end   (measurements, poisoning)
+//!   errors.rs  the errors that name ranks, hosts, devices and links
+//! ```
+
+mod checks;
+mod device;
+mod errors;
+mod host;
+mod init;
+mod op;
+mod wait;
+
+pub use init::CommBuilder;
+
+use crate::config::CommConfig;
+use crate::exec::WallClock;
+use crate::health::{Cause, Health, Verdict};
+use crate::peers::RankInfo;
+use crate::schedule::{Fabric, Layout};
+use crate::topology::LinkKind;
+use bcl_backends::Accelerator;
+use bcl_transport::store::TcpStoreServer;
+use device::DeviceJob;
+use op::Engine;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use wait::Polling;
+
+/// What the caller's threads and the progress thread share.
+struct Shared {
+    rank: usize,
+    world: usize,
+    config: CommConfig,
+    accelerator: Arc<dyn Accelerator>,
+    peers: Vec<RankInfo>,
+    /// The transport of each link, by peer rank.
+    links: Vec<Option<LinkKind>>,
+    /// This rank's place in the ring; fixed at init.
+    layout: Layout,
+    /// What algorithm selection depends on, the same on every rank.
+    fabric: Fabric,
+    /// The state one operation at a time works on.
+    engine: Mutex<Engine>,
+    /// Device jobs enqueued and not yet finished.
+    queued: Mutex<usize>,
+    drained: Condvar,
+    poison: Mutex<Option<String>>,
+    health: Health,
+    /// The per-operation timeout in milliseconds (`CommConfig::op_timeout`, or
+    /// [`Communicator::set_timeout`]).
+    op_timeout_ms: AtomicU64,
+    /// How to poll before sleeping when nothing moves.
+    polling: Polling,
+    /// The executor's clock (the wall clock; tests of the executor pass a virtual one).
+    clock: WallClock,
+}
+
+impl Shared {
+    fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// The first fault that poisoned the communicator, or the verdict about one elsewhere.
+    fn async_error(&self) -> Option<String> {
+        self.poison
+            .lock()
+            .clone()
+            .or_else(|| self.health.verdict().map(|v| v.line))
+    }
+}
+
+/// A communicator: one rank's handle on a group of ranks.
+pub struct Communicator {
+    shared: Arc<Shared>,
+    jobs: Option<crossbeam::channel::Sender<DeviceJob>>,
+    progress: Option<JoinHandle<()>>,
+    _store_server: Option<TcpStoreServer>,
+    /// A rendezvous directory rank 0 removes when the communicator goes.
+    rendezvous_dir: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Communicator(rank {} of {}, {})",
+            self.shared.rank,
+            self.shared.world,
+            self.shared.accelerator.info()
+        )
+    }
+}
+
+impl Communicator {
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &CommConfig {
+        &self.shared.config
+    }
+
+    /// This rank's device.
+    pub fn accelerator(&self) -> &Arc<dyn Accelerator> {
+        &self.shared.accelerator
+    }
+
+    /// What every rank published at bootstrap, in rank order.
+    pub fn peers(&self) -> &[RankInfo] {
+        &self.shared.peers
+    }
+
+    /// The transport that carries the link to `peer` (`None` for this rank itself).
+    pub fn link(&self, peer: usize) -> Option<LinkKind> {
+        self.shared.links.get(peer).copied().flatten()
+    }
+
+    /// The ring order (position → rank) the ring algorithms use.
+    pub fn ring(&self) -> &[usize] {
+        self.shared.layout.ring()
+    }
+
+    /// The first fault that poisoned this communicator, if any: an error of this rank's, or
+    /// the verdict about a fault elsewhere (NCCL's `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<String> {
+        self.shared.async_error()
+    }
+
+    /// Abort: every operation in flight on this communicator, on this rank and every other,
+    /// fails promptly with a verdict naming this rank; later calls fail at once. Safe to call
+    /// from any thread while another is inside a collective. The communicator must still be
+    /// dropped (destroyed) to release its threads and sockets.
+    pub fn abort(&self) {
+        let shared = &self.shared;
+        let verdict = Verdict::new(
+            Cause::Aborted,
+            vec![shared.rank],
+            shared.rank,
+            &shared.peers,
+            "abort() called",
+            shared.health.current_op().as_deref(),
+        );
+        shared.health.report(verdict);
+    }
+
+    /// The timeout of each later operation (default `CommConfig::op_timeout`,
+    /// `BCL_TIMEOUT_S`). An operation that runs out of time fails naming the peers it
+    /// waited for and what the health layer found out about them.
+    pub fn set_timeout(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self.shared
+            .op_timeout_ms
+            .store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// This rank's health report: its state, the verdict if any, and the flight recorder
+    /// (the last operations with their signature, state, times and bytes per peer).
+    pub fn health_report(&self) -> serde_json::Value {
+        self.shared.health.report_json()
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finish queued work, stop the progress thread, then let queued sends leave.
+        self.jobs.take();
+        if let Some(t) = self.progress.take() {
+            let _ = t.join();
+        }
+        let mut engine = self.shared.engine.lock();
+        // After a fault nobody waits for what is still queued.
+        let end = if self.shared.health.faulted() {
+            Instant::now()
+        } else {
+            Instant::now() + Duration::from_secs(2)
+        };
+        while !engine.transport.flushed() && Instant::now() < end {
+            if engine.transport.progress().is_err() {
+                break;
+            }
+            let _ = engine.transport.wait(Duration::from_millis(1));
+        }
+        drop(engine);
+        self.shared.health.shutdown();
+        if let Some(dir) = self.rendezvous_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The one place where `BCL_*` environment variables become settings. Every numeric value
+//! goes through the checked conversions of [`super::limits`].
+
+use super::limits::{
+    HANG_TIMEOUT, HEARTBEAT, RECORDER_OPS, SLICE_BYTES, SLOW_WINDOW, SOCKET_BUFFER, SOCKETS, SPIN,
+    TIMEOUT,
+};
+use super::{CommConfig, TransportKind};
+use crate::error::{Error, Result};
+
+/// A source of settings by name: the process environment, or a map in tests.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+impl CommConfig {
+    /// This config with the `BCL_*` overrides found through `get` applied:
+    /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
+    /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
+    /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
+    /// (auto, ring, rd, hd), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
+    /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
+    /// `BCL_SPIN_US`. A value that does not parse, or lies outside its range, is an error
+    /// naming the variable and the value.
+    pub fn with_env(mut self, get: Env<'_>) -> Result<Self> {
+        let invalid =
+            |name: &str, e: &dyn std::fmt::Display| Error::InvalidArgument(format!("{name}: {e}"));
+        if let Some(v) = get("BCL_DEVICE") {
+            self.device = v.parse().map_err(|e| invalid("BCL_DEVICE", &e))?;
+        }
+        if let Some(v) = get("BCL_DEVICE_PLUGIN") {
+            self.device_plugin = Some(v.into());
+        }
+        if let Some(v) = get("BCL_TRANSPORT") {
+            self.transport = TransportKind::parse(&v)?;
+        }
+        let count = |name: &str, limits: super::limits::Count| {
+            get(name).map(|v| limits.parse(name, &v)).transpose()
+        };
+        let span = |name: &str, limits: super::limits::Span| {
+            get(name).map(|v| limits.parse(name, &v)).transpose()
+        };
+        if let Some(n) = count("BCL_SOCKETS_PER_PEER", SOCKETS)? {
+            self.sockets_per_peer = n;
+        }
+        if let Some(n) = count("BCL_SOCKET_BUFFER", SOCKET_BUFFER)? {
+            self.socket_buffer = n;
+        }
+        if let Some(v) = get("BCL_SOCKETS_PER_OP") {
+            self.sockets_per_op = match v.trim() {
+                "auto" => None,
+                n => Some(SOCKETS.parse("BCL_SOCKETS_PER_OP", n)?),
+            };
+        }
+        if let Some(v) = get("BCL_RDMA_DEVICE") {
+            self.rdma_device = Some(v).filter(|v| !v.is_empty());
+        }
+        if let Some(v) = get("BCL_BIND_IP") {
+            self.bind_ip = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("BCL_BIND_IP='{v}' is not an IP address"))
+            })?;
+        }
+        if let Some(d) = span("BCL_INIT_TIMEOUT_S", TIMEOUT)? {
+            self.init_timeout = d;
+        }
+        if let Some(d) = span("BCL_TIMEOUT_S", TIMEOUT)? {
+            self.op_timeout = d;
+        }
+        if let Some(v) = get("BCL_ALGO") {
+            self.algorithm = match v.as_str() {
+                "auto" => None,
+                other => Some(other.parse().map_err(|e| invalid("BCL_ALGO", &e))?),
+            };
+        }
+        if let Some(d) = span("BCL_SPIN_US", SPIN)? {
+            self.spin = Some(d);
+        }
+        if let Some(n) = count("BCL_SLICE_BYTES", SLICE_BYTES)? {
+            self.slice_bytes = n;
+        }
+        if let Some(v) = get("BCL_HEALTH") {
+            self.health.enabled = match v.as_str() {
+                "on" | "1" => true,
+                "off" | "0" => false,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "BCL_HEALTH='{other}' (on, off)"
+                    )));
+                }
+            };
+        }
+        if let Some(d) = span("BCL_HEARTBEAT_MS", HEARTBEAT)? {
+            self.health.heartbeat = d;
+        }
+        if let Some(d) = span("BCL_HANG_TIMEOUT_MS", HANG_TIMEOUT)? {
+            self.health.hang_timeout = d;
+        }
+        if let Some(v) = get("BCL_DUMP_DIR") {
+            self.health.dump_dir = Some(v.into());
+        }
+        if let Some(d) = span("BCL_SLOW_WINDOW_MS", SLOW_WINDOW)? {
+            self.health.window = d;
+        }
+        if let Some(n) = count("BCL_FLIGHT_RECORDER_OPS", RECORDER_OPS)? {
+            self.health.recorder_ops = n;
+        }
+        Ok(self)
+    }
+}
+
+/// The process environment, for [`CommConfig::with_env`] and [`crate::launch::Launch::from_env`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// An environment made of `pairs`, for tests of what reads the environment.
+#[cfg(test)]
+pub(crate) fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn environment_overrides() {
+        let c = CommConfig::default()
+            .with_env(&env(&[
+                ("BCL_DEVICE", "sim:copy=2"),
+                ("BCL_TIMEOUT_S", "1.5"),
+                ("BCL_HEALTH", "off"),
+                ("BCL_HEARTBEAT_MS", "50"),
+                ("BCL_HANG_TIMEOUT_MS", "700"),
+                ("BCL_DUMP_DIR", "/tmp/bcl-dumps"),
+                ("BCL_SOCKET_BUFFER", "0"),
+                ("BCL_SPIN_US", "0"),
+            ]))
+            .expect("config");
+        assert_eq!(c.socket_buffer, 0);
+        assert_eq!(c.spin, Some(Duration::ZERO));
+        assert_eq!(CommConfig::default().socket_buffer, 4 << 20);
+        let forced = |v: &str| {
+            CommConfig::default()
+                .with_env(&env(&[("BCL_SOCKETS_PER_OP", v)]))
+                .map(|c| c.sockets_per_op)
+        };
+        assert_eq!(forced("1").expect("1"), Some(1));
+        assert_eq!(forced("auto").expect("auto"), None);
+        let e = forced("all").expect_err("not a number");
+        assert!(e.to_string().contains("BCL_SOCKETS_PER_OP='all'"), "{e}");
+        assert!(!c.health.enabled);
+        assert_eq!(c.health.heartbeat, Duration::from_millis(50));
+        assert_eq!(c.health.hang_timeout, Duration::from_millis(700));
+        assert_eq!(
+            c.health.dump_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/bcl-dumps"))
+        );
+        let e = CommConfig::default()
+            .with_env(&env(&[("BCL_HEALTH", "maybe")]))
+            .expect_err("bad switch");
+        assert!(e.to_string().contains("BCL_HEALTH='maybe'"), "{e}");
+        assert_eq!(c.device.to_string(), "sim:copy=2");
+        assert_eq!(c.op_timeout, Duration::from_millis(1500));
+        let e = CommConfig::default()
+            .with_env(&env(&[("BCL_DEVICE", "tpu")]))
+            .expect_err("bad device");
+        assert!(e.to_string().contains("tpu"), "{e}");
+    }
+
+    /// Every numeric variable, with every kind of bad value: a clear invalid-argument error
+    /// naming the variable and the value, never a panic nor a silent clamp.
+    #[test]
+    fn every_numeric_variable_refuses_bad_values() {
+        let all = [
+            (
+                "BCL_TIMEOUT_S",
+                &["-1", "0", "inf", "nan", "1e400", "1e300", "x"][..],
+            ),
+            (
+                "BCL_INIT_TIMEOUT_S",
+                &["-1", "0", "inf", "nan", "1e400", "1e300"],
+            ),
+            ("BCL_SPIN_US", &["-1", "inf", "nan", "1e400", "2e6"]),
+            ("BCL_HEARTBEAT_MS", &["-5", "0", "inf", "nan", "1e12"]),
+            (
+                "BCL_HANG_TIMEOUT_MS",
+                &["-5", "0", "5", "inf", "nan", "1e300"],
+            ),
+            ("BCL_SLOW_WINDOW_MS", &["-5", "0", "inf", "nan", "1e12"]),
+            (
+                "BCL_SOCKETS_PER_PEER",
+                &["-1", "0", "65", "1.5", "inf", "99999999999999999999"],
+            ),
+            ("BCL_SOCKETS_PER_OP", &["-1", "0", "65", "nan"]),
+            ("BCL_SOCKET_BUFFER", &["-1", "4M", "1e9", "99999999999999"]),
+            (
+                "BCL_SLICE_BYTES",
+                &["-1", "0", "63", "inf", "99999999999999"],
+            ),
+            (
+                "BCL_FLIGHT_RECORDER_OPS",
+                &["-1", "0", "inf", "99999999999"],
+            ),
+            ("BCL_BIND_IP", &["-1", "300.1.1.1", "inf"]),
+        ];
+        for (name, values) in all {
+            for bad in values {
+                let e = CommConfig::default()
+                    .with_env(&env(&[(name, bad)]))
+                    .expect_err(&format!("{name}={bad} accepted"));
+                let text = e.to_string();
+                assert!(
+                    matches!(e, Error::InvalidArgument(_)),
+                    "{name}={bad}: {text}"
+                );
+                assert!(
+                    text.contains(&format!("{name}='{bad}'")),
+                    "{name}={bad}: {text}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Configuration: the settings of a communicator, where environment variables become
+//! settings (`env`, the one place they are read), and the range of every numeric setting
+//! (`limits`), checked wherever a value comes from.
+
+mod env;
+pub mod limits;
+
+#[cfg(test)]
+pub(crate) use env::env;
+pub use env::{Env, process_env};
+
+use crate::error::{Error, Result};
+use crate::schedule::Algorithm;
+use bcl_backends::{DeviceOptions, DeviceSpec};
+use bcl_transport::mem::MemFabric;
+use limits::{
+    HANG_TIMEOUT, HEARTBEAT, RECORDER_OPS, SLICE_BYTES, SLOW_WINDOW, SOCKET_BUFFER, SOCKETS, SPIN,
+    TIMEOUT,
+};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which transport a communicator uses between its ranks.
+#[derive(Clone, Debug, Default)]
+pub enum TransportKind {
+    /// Choose per peer: shared memory for a peer on the same host (same boot id and network
+    /// namespace), TCP otherwise.
+    #[default]
+    Auto,
+    Tcp,
+    /// Shared memory only: every peer must be on this host.
+    Shm,
+    /// RDMA verbs to every peer (a build with the `rdma` feature, and an active device on
+    /// every rank). `Auto` also uses it between hosts where both ranks offer it.
+    Rdma,
+    /// In-process, for ranks that are threads of one process joined by this fabric.
+    Mem(MemFabric),
+}
+
+impl TransportKind {
+    pub fn parse(text: &str) -> Result<Self> {
+        match text {
+            "auto" => Ok(TransportKind::Auto),
+            "tcp" => Ok(TransportKind::Tcp),
+            "shm" => Ok(TransportKind::Shm),
+            "rdma" => Ok(TransportKind::Rdma),
+            "mem" => Err(Error::InvalidArgument(
+                "the mem transport joins threads of one process: use Communicator::init_threads"
+                    .into(),
+            )),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown transport '{other}' (auto, tcp, shm, rdma, mem)"
+            ))),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+            TransportKind::Rdma => "rdma",
+            TransportKind::Mem(_) => "mem",
+        }
+    }
+}
+
+/// Settings of the health layer (see `CommConfig`).
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// Run the health channel (heartbeats, diagnosis). Signatures and the flight recorder
+    /// are always on.
+    pub enabled: bool,
+    pub heartbeat: Duration,
+    /// Silence (or a stalled operation) longer than this makes a peer a suspect.
+    pub hang_timeout: Duration,
+    /// Where the flight recorder is written on a fault (none: not written).
+    pub dump_dir: Option<PathBuf>,
+    /// Operations the flight recorder keeps.
+    pub recorder_ops: usize,
+    /// How often each rank sends its slow-node measurements to rank 0's detector.
+    pub window: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            heartbeat: Duration::from_millis(200),
+            hang_timeout: Duration::from_millis(2000),
+            dump_dir: None,
+            recorder_ops: 1024,
+            window: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Everything that shapes a communicator besides its rank, world size and rendezvous.
+#[derive(Clone, Debug)]
+pub struct CommConfig {
+    /// The device this rank computes on.
+    pub device: DeviceSpec,
+    /// The device's index among its vendor's devices on this host.
+    pub device_index: u32,
+    /// The vendor library `plugin:N` devices come from (`BCL_DEVICE_PLUGIN`).
+    pub device_plugin: Option<PathBuf>,
+    pub transport: TransportKind,
+    /// TCP connections per peer.
+    pub sockets_per_peer: usize,
+    /// SO_SNDBUF and SO_RCVBUF of each TCP connection (0: the kernel's autotuning).
+    pub socket_buffer: usize,
+    /// Over how many of a peer's connections an operation spreads its messages, instead of
+    /// choosing by size (`schedule::connections_per_peer`); `None`: choose.
+    pub sockets_per_op: Option<usize>,
+    /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
+    pub rdma_device: Option<String>,
+    /// Address the TCP transport listens on and publishes.
+    pub bind_ip: IpAddr,
+    /// How long init waits for all ranks to arrive and connect.
+    pub init_timeout: Duration,
+    /// How long one collective may take before it fails naming the peers it waits for.
+    pub op_timeout: Duration,
+    /// The largest message of one pipelined slice.
+    pub slice_bytes: usize,
+    /// Namespace of this communicator's keys in a shared store.
+    pub store_prefix: String,
+    /// Force one algorithm instead of choosing by size (`schedule::select`). Every rank must
+    /// be given the same.
+    pub algorithm: Option<Algorithm>,
+    /// Heartbeats, hang detection, fault diagnosis and the flight recorder's dump.
+    pub health: HealthConfig,
+    /// How long a rank waiting inside a collective polls before it sleeps (`None`: 500 µs). It
+    /// yields the core between polls when this host runs more ranks than it has cores.
+    pub spin: Option<Duration>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            device: DeviceSpec::Cpu,
+            device_index: 0,
+            device_plugin: None,
+            transport: TransportKind::Auto,
+            sockets_per_peer: 2,
+            socket_buffer: 4 << 20,
+            sockets_per_op: None,
+            rdma_device: None,
+            bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            init_timeout: Duration::from_secs(60),
+            op_timeout: Duration::from_secs(300),
+            slice_bytes: 512 << 10,
+            store_prefix: "bcl".into(),
+            algorithm: None,
+            health: HealthConfig::default(),
+            spin: None,
+        }
+    }
+}
+
+impl CommConfig {
+    /// What opening [`CommConfig::device`] needs besides the spec.
+    pub fn device_options(&self) -> DeviceOptions {
+        DeviceOptions {
+            plugin: self.device_plugin.clone(),
+        }
+    }
+
+    /// Check every numeric field against its range (as the environment's values are): a
+    /// config built in code gets the same clear error as a bad variable, before anything
+    /// is opened.
+    pub fn validate(&self) -> Result<()> {
+        SOCKETS.check("CommConfig::sockets_per_peer", self.sockets_per_peer)?;
+        SOCKET_BUFFER.check("CommConfig::socket_buffer", self.socket_buffer)?;
+        if let Some(n) = self.sockets_per_op {
+            SOCKETS.check("CommConfig::sockets_per_op", n)?;
+        }
+        TIMEOUT.check("CommConfig::init_timeout", self.init_timeout)?;
+        TIMEOUT.check("CommConfig::op_timeout", self.op_timeout)?;
+        SLICE_BYTES.check("CommConfig::slice_bytes", self.slice_bytes)?;
+        if let Some(spin) = self.spin {
+            SPIN.check("CommConfig::spin", spin)?;
+        }
+        let h = &self.health;
+        HEARTBEAT.check("HealthConfig::heartbeat", h.heartbeat)?;
+        HANG_TIMEOUT.check("HealthConfig::hang_timeout", h.hang_timeout)?;
+        SLOW_WINDOW.check("HealthConfig::window", h.window)?;
+        RECORDER_OPS.check("HealthConfig::recorder_ops", h.recorder_ops)?;
+        if self.store_prefix.is_empty() {
+            return Err(Error::InvalidArgument(
+                "CommConfig::store_prefix is empty".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_built_in_code_is_checked_like_the_environment() {
+        assert!(CommConfig::default().validate().is_ok());
+        type Spoil = fn(&mut CommConfig);
+        let cases: [(&str, Spoil); 9] = [
+            ("sockets_per_peer", |c| c.sockets_per_peer = 0),
+            ("sockets_per_op", |c| c.sockets_per_op = Some(1000)),
+            ("init_timeout", |c| c.init_timeout = Duration::ZERO),
+            ("op_timeout", |c| c.op_timeout = Duration::MAX),
+            ("slice_bytes", |c| c.slice_bytes = 1),
+            ("spin", |c| c.spin = Some(Duration::from_secs(100))),
+            ("heartbeat", |c| c.health.heartbeat = Duration::ZERO),
+            ("hang_timeout", |c| {
+                c.health.hang_timeout = Duration::from_millis(1)
+            }),
+            ("recorder_ops", |c| c.health.recorder_ops = 0),
+        ];
+        for (field, spoil) in cases {
+            let mut c = CommConfig::default();
+            spoil(&mut c);
+            let e = c.validate().expect_err(field);
+            assert!(matches!(e, Error::InvalidArgument(_)), "{field}: {e}");
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+}

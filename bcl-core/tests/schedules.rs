@@ -2,7 +2,8 @@
 //! receives, no deadlock, exact final contents, for world sizes 1..=16 and awkward counts.
 
 use bcl_core::schedule::Algorithm;
-use bcl_core::schedule::checker::{Case, check};
+use bcl_core::schedule::checker::{Case, check, check_plans, plans};
+use bcl_core::schedule::{Action, Plan, Step};
 use bcl_core::{Collective, ReduceOp};
 use proptest::prelude::*;
 
@@ -105,21 +106,160 @@ proptest! {
     }
 }
 
-#[test]
-fn checker_catches_a_broken_plan() {
-    // The checker must be able to fail: a ring that is not a permutation is rejected, and a
-    // world where rank 0 sends to itself is caught as a bad peer.
-    let bad = Case {
+/// The case the mutation tests alter: a 4-rank ring allreduce of 16 elements in slices of
+/// 2, so every rank's plan has receives that reduce, receives that overwrite, and sends that
+/// wait for them.
+fn ring_case(seed: u64) -> Case {
+    Case {
         collective: Collective::AllReduce { op: ReduceOp::Sum },
         algorithm: Algorithm::Ring,
-        world: 3,
-        count: 5,
+        world: 4,
+        count: 16,
         in_place: false,
         slice_elems: 2,
-        ring: Some(vec![0, 0, 1]),
-        seed: 1,
+        ring: None,
+        seed,
+    }
+}
+
+/// The first error the checker finds in `plans` over 300 execution orders (a mutation that
+/// only some orders expose, such as a missing dependency, must show in one of them); the
+/// unaltered plans pass every one of those orders.
+fn caught(mutate: impl Fn(&mut Vec<Plan>)) -> Option<String> {
+    let mut mutated = plans(&ring_case(0)).expect("plans");
+    mutate(&mut mutated);
+    (0..300u64).find_map(|seed| {
+        let case = ring_case(seed);
+        let original = plans(&case).expect("plans");
+        assert_eq!(
+            check_plans(&case, &original),
+            Ok(()),
+            "seed {seed}: the real plans"
+        );
+        check_plans(&case, &mutated).err()
+    })
+}
+
+/// Whether step `to` is reachable from step `from` through dependencies.
+fn depends(plan: &Plan, from: usize, to: usize) -> bool {
+    let mut stack = vec![from];
+    let mut seen = vec![false; plan.steps.len()];
+    while let Some(s) = stack.pop() {
+        if s == to {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[s], true) {
+            stack.extend(&plan.steps[s].deps);
+        }
+    }
+    false
+}
+
+#[test]
+fn checker_catches_a_dropped_dependency() {
+    let caught = caught(|plans| {
+        let plan = &mut plans[1];
+        // A send that waits for a receive, through that dependency alone.
+        let (step, dep) = (0..plan.steps.len())
+            .find_map(|s| {
+                let deps = &plan.steps[s].deps;
+                let Action::Send { .. } = plan.steps[s].action else {
+                    return None;
+                };
+                deps.iter()
+                    .copied()
+                    .find(|&d| {
+                        matches!(plan.steps[d].action, Action::Recv { .. })
+                            && !deps.iter().any(|&o| o != d && depends(plan, o, d))
+                    })
+                    .map(|d| (s, d))
+            })
+            .expect("a send that waits for a receive");
+        plan.steps[step].deps.retain(|d| *d != dep);
+    });
+    let error = caught.expect("the checker missed a dropped dependency");
+    assert!(error.contains("rank"), "{error}");
+}
+
+#[test]
+fn checker_catches_two_swapped_tags() {
+    let caught = caught(|plans| {
+        let plan = &mut plans[0];
+        let sends: Vec<usize> = (0..plan.steps.len())
+            .filter(|&s| matches!(plan.steps[s].action, Action::Send { .. }))
+            .collect();
+        let tag_of = |a: &Action| match a {
+            Action::Send { tag, .. } => *tag,
+            _ => unreachable!("a send"),
+        };
+        let (a, b) = (sends[0], sends[1]);
+        let (ta, tb) = (tag_of(&plan.steps[a].action), tag_of(&plan.steps[b].action));
+        for (s, t) in [(a, tb), (b, ta)] {
+            if let Action::Send { tag, .. } = &mut plan.steps[s].action {
+                *tag = t;
+            }
+        }
+    });
+    assert!(caught.is_some(), "the checker missed two swapped tags");
+}
+
+#[test]
+fn checker_catches_a_wrong_reduction() {
+    let caught = caught(|plans| {
+        let plan = &mut plans[2];
+        let step = plan
+            .steps
+            .iter_mut()
+            .find(|s| matches!(s.action, Action::Recv { reduce: true, .. }));
+        if let Some(Step {
+            action: Action::Recv { reduce, .. },
+            ..
+        }) = step
+        {
+            *reduce = false; // overwrite where the ring must reduce
+        }
+    });
+    let error = caught.expect("the checker missed a receive that overwrites instead of reducing");
+    assert!(error.contains("expected"), "{error}");
+}
+
+/// `plan` without step `gone` (the dependencies renumbered).
+fn remove_step(plan: &mut Plan, gone: usize) {
+    plan.steps.remove(gone);
+    for step in &mut plan.steps {
+        step.deps.retain(|d| *d != gone);
+        for d in &mut step.deps {
+            if *d > gone {
+                *d -= 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn checker_catches_a_missing_step() {
+    let caught = caught(|plans| {
+        let gone = plans[3].steps.len() / 2;
+        remove_step(&mut plans[3], gone);
+    });
+    assert!(caught.is_some(), "the checker missed a missing step");
+}
+
+#[test]
+fn checker_catches_a_missing_division() {
+    let case = Case {
+        collective: Collective::AllReduce { op: ReduceOp::Avg },
+        ..ring_case(3)
     };
-    assert!(check(&bad).is_err());
+    let mut mutated = plans(&case).expect("plans");
+    assert_eq!(check_plans(&case, &mutated), Ok(()));
+    while let Some(divide) =
+        (mutated[1].steps.iter()).position(|s| matches!(s.action, Action::Divide { .. }))
+    {
+        remove_step(&mut mutated[1], divide);
+    }
+    let error = check_plans(&case, &mutated).expect_err("a missing division");
+    assert!(error.contains("divided 0×, expected"), "{error}");
 }
 
 #[test]

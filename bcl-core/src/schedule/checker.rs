@@ -74,40 +74,53 @@ fn region_cells<'a>(state: &'a mut RankState, r: &Region) -> Result<&'a mut [Cel
 /// Run all ranks' plans for `case`; `Ok(())` when everything matched and the outputs are
 /// exactly the closed-form result.
 pub fn check(case: &Case) -> Result<(), String> {
+    check_plans(case, &plans(case)?)
+}
+
+/// The plans of every rank for `case` (point to point: rank 0 sends to the last rank, the
+/// others have nothing to do).
+pub fn plans(case: &Case) -> Result<Vec<Plan>, String> {
     let n = case.world;
     let ring = case.ring.clone().unwrap_or_else(|| (0..n).collect());
-    let mut ranks = Vec::new();
-    for rank in 0..n {
-        let layout = Layout::new(rank, ring.clone())?;
-        // Point-to-point: rank 0 sends to the last rank; the others do nothing.
-        let collective = match case.collective {
-            Collective::Send { .. } | Collective::Recv { .. } if rank == 0 => {
-                Collective::Send { peer: n - 1 }
-            }
-            Collective::Send { .. } | Collective::Recv { .. } if rank == n - 1 => {
-                Collective::Recv { peer: 0 }
-            }
-            Collective::Send { .. } | Collective::Recv { .. } => {
-                ranks.push(RankState {
-                    plan: Plan::default(),
-                    buffers: HashMap::new(),
-                    done: Vec::new(),
-                    knows: 1 << rank,
-                });
-                continue;
-            }
-            c => c,
-        };
-        let plan = build_plan(
-            collective,
-            case.algorithm,
-            &layout,
-            case.count,
-            case.in_place,
-            case.slice_elems,
-        );
+    (0..n)
+        .map(|rank| {
+            let layout = Layout::new(rank, ring.clone())?;
+            Ok(match rank_collective(case, rank) {
+                Some(c) => build_plan(
+                    c,
+                    case.algorithm,
+                    &layout,
+                    case.count,
+                    case.in_place,
+                    case.slice_elems,
+                ),
+                None => Plan::default(),
+            })
+        })
+        .collect()
+}
+
+/// What `rank` calls for `case`.
+fn rank_collective(case: &Case, rank: usize) -> Option<Collective> {
+    let n = case.world;
+    match case.collective {
+        Collective::Send { .. } | Collective::Recv { .. } if rank == 0 => {
+            Some(Collective::Send { peer: n - 1 })
+        }
+        Collective::Send { .. } | Collective::Recv { .. } if rank == n - 1 => {
+            Some(Collective::Recv { peer: 0 })
+        }
+        Collective::Send { .. } | Collective::Recv { .. } => None,
+        c => Some(c),
+    }
+}
+
+/// The symbolic starting state of `rank` running `plan`.
+fn initial_state(case: &Case, rank: usize, plan: Plan) -> RankState {
+    let n = case.world;
+    let mut buffers = HashMap::new();
+    if let Some(collective) = rank_collective(case, rank) {
         let (inp, out) = collective.buffer_elems(case.count, n, rank);
-        let mut buffers = HashMap::new();
         let initial = |len: usize| -> Vec<Cell> {
             (0..len)
                 .map(|i| {
@@ -127,115 +140,41 @@ pub fn check(case: &Case) -> Result<(), String> {
             buffers.insert(BufferId::Output, vec![None; out.unwrap_or(0)]);
         }
         buffers.insert(BufferId::Scratch, vec![None; plan.scratch_elems]);
-        let done = vec![false; plan.steps.len()];
-        ranks.push(RankState {
-            plan,
-            buffers,
-            done,
-            knows: 1 << rank,
-        });
     }
+    let done = vec![false; plan.steps.len()];
+    RankState {
+        plan,
+        buffers,
+        done,
+        knows: 1 << rank,
+    }
+}
 
-    // Network: (from, to, tag) → queue; tags must be used once per pair.
-    let mut net: HashMap<(usize, usize, u32), VecDeque<Message>> = HashMap::new();
-    let mut used_tags: HashSet<(usize, usize, u32)> = HashSet::new();
+/// The network: (from, to, tag) → messages in order; a tag is used once per pair.
+#[derive(Default)]
+struct Network {
+    queues: HashMap<(usize, usize, u32), VecDeque<Message>>,
+    used_tags: HashSet<(usize, usize, u32)>,
+}
+
+/// Run `plans` (one per rank, as [`plans`] makes them, or altered) for `case`: `Ok(())` when
+/// every send met its receive, nothing deadlocked, and every output holds exactly what the
+/// collective promises.
+pub fn check_plans(case: &Case, plans: &[Plan]) -> Result<(), String> {
+    let mut ranks: Vec<RankState> = (plans.iter().enumerate())
+        .map(|(rank, plan)| initial_state(case, rank, plan.clone()))
+        .collect();
+    let mut net = Network::default();
     let mut rng = XorShift(case.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     loop {
-        let mut ready = Vec::new();
-        for (r, st) in ranks.iter().enumerate() {
-            for (i, step) in st.plan.steps.iter().enumerate() {
-                if st.done[i] || !step.deps.iter().all(|d| st.done[*d]) {
-                    continue;
-                }
-                if let Action::Recv { peer, tag, .. } = step.action
-                    && net.get(&(peer, r, tag)).is_none_or(|q| q.is_empty())
-                {
-                    continue;
-                }
-                ready.push((r, i));
-            }
-        }
+        let ready = ready_steps(&ranks, &net);
         if ready.is_empty() {
             break;
         }
         let (r, i) = ready[rng.below(ready.len())];
-        let action = ranks[r].plan.steps[i].action.clone();
-        let at = |e: String| format!("rank {r} step {i} {action:?}: {e}");
-        match &action {
-            Action::Send { peer, tag, from } => {
-                if *peer >= n || *peer == r {
-                    return Err(at(format!("bad peer {peer}")));
-                }
-                if !used_tags.insert((r, *peer, *tag)) {
-                    return Err(at("tag used twice on this link in one operation".into()));
-                }
-                let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
-                if cells.iter().any(Option::is_none) {
-                    return Err(at("sends an element never written".into()));
-                }
-                let knows = ranks[r].knows;
-                net.entry((r, *peer, *tag))
-                    .or_default()
-                    .push_back(Message { cells, knows });
-            }
-            Action::Recv {
-                peer,
-                tag,
-                into,
-                reduce,
-                seed,
-            } => {
-                if let Some(seed) = seed {
-                    if seed.len != into.len {
-                        return Err(at("seed and target of different lengths".into()));
-                    }
-                    let cells = region_cells(&mut ranks[r], seed).map_err(at)?.to_vec();
-                    region_cells(&mut ranks[r], into)
-                        .map_err(at)?
-                        .clone_from_slice(&cells);
-                }
-                let msg = net
-                    .get_mut(&(*peer, r, *tag))
-                    .and_then(VecDeque::pop_front)
-                    .ok_or_else(|| at("no message".into()))?;
-                ranks[r].knows |= msg.knows;
-                let cells = region_cells(&mut ranks[r], into).map_err(at)?;
-                if cells.len() != msg.cells.len() {
-                    return Err(at(format!(
-                        "received {} elements into a region of {}",
-                        msg.cells.len(),
-                        cells.len()
-                    )));
-                }
-                for (c, m) in cells.iter_mut().zip(msg.cells) {
-                    *c = if *reduce {
-                        merge(c.take(), m).map_err(at)?
-                    } else {
-                        m
-                    };
-                }
-            }
-            Action::Copy { from, to } => {
-                if from.len != to.len {
-                    return Err(at("copy between regions of different lengths".into()));
-                }
-                let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
-                region_cells(&mut ranks[r], to)
-                    .map_err(at)?
-                    .clone_from_slice(&cells);
-            }
-            Action::Divide { region } => {
-                for c in region_cells(&mut ranks[r], region).map_err(at)? {
-                    match c {
-                        Some(s) => s.divided += 1,
-                        None => return Err(at("divides an element never written".into())),
-                    }
-                }
-            }
-        }
+        run_step(case.world, &mut ranks, &mut net, r, i)?;
         ranks[r].done[i] = true;
     }
-
     for (r, st) in ranks.iter().enumerate() {
         if let Some(i) = st.done.iter().position(|d| !d) {
             return Err(format!(
@@ -244,12 +183,118 @@ pub fn check(case: &Case) -> Result<(), String> {
             ));
         }
     }
-    if let Some(((from, to, tag), _)) = net.iter().find(|(_, q)| !q.is_empty()) {
+    if let Some(((from, to, tag), _)) = net.queues.iter().find(|(_, q)| !q.is_empty()) {
         return Err(format!(
             "message {tag} from rank {from} to rank {to} was never received"
         ));
     }
     verify_outputs(case, &ranks)
+}
+
+/// Every (rank, step) whose dependencies are done and, for a receive, whose message is there.
+fn ready_steps(ranks: &[RankState], net: &Network) -> Vec<(usize, usize)> {
+    let mut ready = Vec::new();
+    for (r, st) in ranks.iter().enumerate() {
+        for (i, step) in st.plan.steps.iter().enumerate() {
+            if st.done[i] || !step.deps.iter().all(|d| st.done[*d]) {
+                continue;
+            }
+            if let Action::Recv { peer, tag, .. } = step.action
+                && net.queues.get(&(peer, r, tag)).is_none_or(|q| q.is_empty())
+            {
+                continue;
+            }
+            ready.push((r, i));
+        }
+    }
+    ready
+}
+
+/// Run step `i` of rank `r` on the symbolic state.
+fn run_step(
+    n: usize,
+    ranks: &mut [RankState],
+    net: &mut Network,
+    r: usize,
+    i: usize,
+) -> Result<(), String> {
+    let action = ranks[r].plan.steps[i].action.clone();
+    let at = |e: String| format!("rank {r} step {i} {action:?}: {e}");
+    match &action {
+        Action::Send { peer, tag, from } => {
+            if *peer >= n || *peer == r {
+                return Err(at(format!("bad peer {peer}")));
+            }
+            if !net.used_tags.insert((r, *peer, *tag)) {
+                return Err(at("tag used twice on this link in one operation".into()));
+            }
+            let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
+            if cells.iter().any(Option::is_none) {
+                return Err(at("sends an element never written".into()));
+            }
+            let knows = ranks[r].knows;
+            net.queues
+                .entry((r, *peer, *tag))
+                .or_default()
+                .push_back(Message { cells, knows });
+        }
+        Action::Recv {
+            peer,
+            tag,
+            into,
+            reduce,
+            seed,
+        } => {
+            if let Some(seed) = seed {
+                if seed.len != into.len {
+                    return Err(at("seed and target of different lengths".into()));
+                }
+                let cells = region_cells(&mut ranks[r], seed).map_err(at)?.to_vec();
+                region_cells(&mut ranks[r], into)
+                    .map_err(at)?
+                    .clone_from_slice(&cells);
+            }
+            let msg = net
+                .queues
+                .get_mut(&(*peer, r, *tag))
+                .and_then(VecDeque::pop_front)
+                .ok_or_else(|| at("no message".into()))?;
+            ranks[r].knows |= msg.knows;
+            let cells = region_cells(&mut ranks[r], into).map_err(at)?;
+            if cells.len() != msg.cells.len() {
+                return Err(at(format!(
+                    "received {} elements into a region of {}",
+                    msg.cells.len(),
+                    cells.len()
+                )));
+            }
+            for (c, m) in cells.iter_mut().zip(msg.cells) {
+                *c = if *reduce {
+                    merge(c.take(), m).map_err(at)?
+                } else {
+                    m
+                };
+            }
+        }
+        Action::Copy { from, to } => {
+            if from.len != to.len {
+                return Err(at("copy between regions of different lengths".into()));
+            }
+            let cells = region_cells(&mut ranks[r], from).map_err(at)?.to_vec();
+            region_cells(&mut ranks[r], to)
+                .map_err(at)?
+                .clone_from_slice(&cells);
+        }
+        Action::Divide { region } => {
+            for c in region_cells(&mut ranks[r], region).map_err(at)? {
+                match c {
+                    Some(s) => s.divided += 1,
+                    None => return Err(at("divides an element never written".into())),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn merge(a: Cell, b: Cell) -> Result<Cell, String> {

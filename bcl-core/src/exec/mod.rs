@@ -12,6 +12,8 @@ mod memory;
 mod signatures;
 mod sink;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 pub use clock::{Clock, WallClock};
 pub use memory::{Bindings, Memory};

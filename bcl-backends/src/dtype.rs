@@ -65,6 +65,27 @@ impl DataType {
         )
     }
 
+    /// The number `bcl.h` (`bclDataType_t`) and `nccl.h` give this type.
+    pub const fn code(self) -> i32 {
+        match self {
+            DataType::Int8 => 0,
+            DataType::Uint8 => 1,
+            DataType::Int32 => 2,
+            DataType::Uint32 => 3,
+            DataType::Int64 => 4,
+            DataType::Uint64 => 5,
+            DataType::Float16 => 6,
+            DataType::Float32 => 7,
+            DataType::Float64 => 8,
+            DataType::Bfloat16 => 9,
+        }
+    }
+
+    /// The type `bcl.h` numbers `code`.
+    pub fn from_code(code: i32) -> Option<DataType> {
+        DataType::ALL.into_iter().find(|t| t.code() == code)
+    }
+
     /// The nccl-tests spelling (`float`, `half`, `bfloat16`, `int32`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -136,6 +157,22 @@ impl ReduceOp {
         }
     }
 
+    /// The number `bcl.h` (`bclRedOp_t`) and `nccl.h` give this operation.
+    pub const fn code(self) -> i32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+        }
+    }
+
+    /// The operation `bcl.h` numbers `code`.
+    pub fn from_code(code: i32) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|op| op.code() == code)
+    }
+
     /// The binary operation applied hop by hop (`avg` accumulates as `sum`).
     pub const fn accumulate_op(self) -> ReduceOp {
         match self {
@@ -202,7 +239,12 @@ macro_rules! int_element {
             }
             #[inline(always)]
             fn divide(self, n: usize) -> Self {
-                self / (n as $t)
+                // The world may be larger than the type holds (an int8 avg over 300 ranks):
+                // divide in i128 then, where every quotient fits back.
+                match <$t>::try_from(n) {
+                    Ok(d) => self / d,
+                    Err(_) => (self as i128 / n as i128) as $t,
+                }
             }
             fn from_i64(v: i64) -> Self {
                 v as $t
@@ -317,5 +359,7 @@ mod tests {
             f16::from_f32(2048.0)
         );
         assert_eq!(7i32.divide(2), 3);
+        assert_eq!((-128i8).divide(128), -1);
+        assert_eq!(255u8.divide(256), 0);
     }
 }

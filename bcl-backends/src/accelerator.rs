@@ -22,6 +22,7 @@ use thiserror::Error;
 
 /// Who made the device.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Vendor {
     /// The host CPU: the reference backend.
     Cpu,
@@ -29,6 +30,9 @@ pub enum Vendor {
     Sim,
     /// NVIDIA, through CUDA.
     Nvidia,
+    /// A backend outside BCL's crates, by the name it gives itself: a device plugin
+    /// (`include/bcl_device_plugin.h`), or an `Accelerator` passed in from Rust.
+    Other(String),
 }
 
 impl fmt::Display for Vendor {
@@ -37,15 +41,22 @@ impl fmt::Display for Vendor {
             Vendor::Cpu => "cpu",
             Vendor::Sim => "sim",
             Vendor::Nvidia => "cuda",
+            Vendor::Other(name) => name,
         })
     }
 }
 
 /// What a device can do, declared rather than guessed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceCapabilities {
     /// Host code may read device memory directly (false for sim and GPUs).
     pub host_addressable: bool,
+    /// Callers outside BCL name this device's memory by address (a C caller's device
+    /// pointer, through [`Accelerator::borrow_memory`]) and order work by their own streams
+    /// ([`Accelerator::borrow_stream`]): true for cuda. Where false, the C ABI passes host
+    /// memory for every device.
+    #[serde(default)]
+    pub external_memory: bool,
     /// Copy bandwidth host↔device in GB/s, when the backend knows it.
     pub copy_gbps: Option<f64>,
     /// Reduce throughput in GB/s of destination bytes, when the backend knows it.
@@ -73,6 +84,7 @@ impl fmt::Display for DeviceInfo {
 
 /// A device operation failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// The caller asked for a range outside a buffer: a caller bug.
     #[error("range {offset}..{end} is outside device buffer of {len} bytes on {device}")]
@@ -193,13 +205,15 @@ impl Drop for StreamHold {
 
 static NEXT_DEVICE_UID: AtomicU64 = AtomicU64::new(1);
 
-/// A process-unique number that tags every handle a device hands out.
-pub(crate) fn new_device_uid() -> u64 {
+/// A process-unique number for a new device: every handle the device hands out (buffers,
+/// streams, events) carries it, so that a handle of one device passed to another is caught.
+pub fn new_device_uid() -> u64 {
     NEXT_DEVICE_UID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Frees a buffer when its last handle is dropped.
-pub(crate) trait BufferOwner: Send + Sync {
+/// Frees a buffer when its last handle is dropped (implemented by each backend).
+pub trait BufferOwner: Send + Sync {
+    /// The buffer `id` has no handle left: give its memory back.
     fn release(&self, id: u64);
 }
 
@@ -233,7 +247,9 @@ impl fmt::Debug for DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    pub(crate) fn new(id: u64, len: usize, device_uid: u64, owner: Arc<dyn BufferOwner>) -> Self {
+    /// A handle to `len` bytes of device `device_uid`'s memory that the backend knows as `id`;
+    /// `owner.release(id)` runs when the last clone of the handle is dropped.
+    pub fn new(id: u64, len: usize, device_uid: u64, owner: Arc<dyn BufferOwner>) -> Self {
         DeviceBuffer {
             inner: Arc::new(BufferInner {
                 id,
@@ -252,11 +268,13 @@ impl DeviceBuffer {
         self.inner.len == 0
     }
 
-    pub(crate) fn id(&self) -> u64 {
+    /// What the backend that made it knows this buffer as.
+    pub fn id(&self) -> u64 {
         self.inner.id
     }
 
-    pub(crate) fn device_uid(&self) -> u64 {
+    /// The device the buffer belongs to.
+    pub fn device_uid(&self) -> u64 {
         self.inner.device_uid
     }
 
@@ -294,11 +312,41 @@ pub struct Stream {
     pub(crate) id: u64,
 }
 
+impl Stream {
+    /// The stream the backend of device `device_uid` knows as `id`.
+    pub fn new(device_uid: u64, id: u64) -> Self {
+        Stream { device_uid, id }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn device_uid(&self) -> u64 {
+        self.device_uid
+    }
+}
+
 /// A marker recorded on a stream; complete once the stream has reached it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub(crate) device_uid: u64,
     pub(crate) id: u64,
+}
+
+impl Event {
+    /// The event the backend of device `device_uid` knows as `id`.
+    pub fn new(device_uid: u64, id: u64) -> Self {
+        Event { device_uid, id }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn device_uid(&self) -> u64 {
+        self.device_uid
+    }
 }
 
 /// What the collectives core may do to a device. Implementations are shared between the
@@ -349,6 +397,23 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<(), DeviceError>;
+
+    /// `dst = dst (op) src` element-wise, both in this device's memory (they must not overlap).
+    /// The default copies `src` to the host and reduces from there; a backend with a device
+    /// kernel for it overrides this.
+    fn reduce_within(
+        &self,
+        dst: DeviceSlice<'_>,
+        src: DeviceSlice<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<(), DeviceError> {
+        let mut staged = vec![0u8; src.len];
+        self.copy_to_host(&mut staged, src, stream)?;
+        self.synchronize(stream)?;
+        self.reduce_from_host(dst, &staged, dtype, op, stream)
+    }
 
     /// `dst = dst / divisor` element-wise: the final step of `avg`.
     fn divide(

@@ -26,6 +26,7 @@ impl CpuDevice {
             host_id: crate::host::host_identity(),
             capabilities: DeviceCapabilities {
                 host_addressable: true,
+                external_memory: false,
                 copy_gbps: None,
                 reduce_gbps: None,
             },

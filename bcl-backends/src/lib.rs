@@ -7,6 +7,8 @@
 //!   dyn Accelerator ──► cpu  (host memory, reference kernels)
 //!                   └─► sim  (a second "vendor": arena memory behind handles, paced copies)
 //!                   └─► cuda (feature `cuda`: cudarc, NVRTC kernels, pinned staging)
+//!                   └─► plugin (a vendor's shared object, `include/bcl_device_plugin.h`)
+//!                   └─► any implementation passed in by the caller
 //! ```
 //!
 //! [`DataType`] and [`ReduceOp`] fix the element types and operations; [`kernels`] holds the
@@ -20,12 +22,13 @@ pub mod cuda;
 pub mod dtype;
 pub mod host;
 pub mod kernels;
+pub mod plugin;
 pub mod sim;
 pub mod spec;
 
 pub use accelerator::{
-    Accelerator, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo, DeviceSlice, Download,
-    Event, HostStaged, Stream, StreamHold, Vendor,
+    Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
+    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
 };
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};

@@ -47,6 +47,7 @@ impl SimDevice {
             host_id: crate::host::host_identity(),
             capabilities: DeviceCapabilities {
                 host_addressable: false,
+                external_memory: false,
                 copy_gbps: config.copy_gbps,
                 reduce_gbps: config.reduce_gbps,
             },

@@ -1,5 +1,6 @@
 //! Device specifications as users write them: `cpu`, `sim`, `sim:copy=8:reduce=4` (GB/s),
-//! `cuda:N` (the N-th CUDA device of the host; `cuda` alone is `cuda:0`).
+//! `cuda:N` (the N-th CUDA device of the host; `cuda` alone is `cuda:0`), `plugin:N` (device N
+//! of the device plugin `BCL_DEVICE_PLUGIN` names; `plugin` alone is `plugin:0`).
 
 use crate::accelerator::{Accelerator, DeviceError};
 use crate::cpu::CpuDevice;
@@ -10,12 +11,15 @@ use std::sync::Arc;
 
 /// Which backend a rank uses, and its settings.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum DeviceSpec {
     Cpu,
     Sim(SimConfig),
     /// A CUDA device by its ordinal. Parsed in every build; opened only by builds with the
     /// `cuda` feature (others answer "unavailable").
     Cuda(u32),
+    /// A device of the vendor's device plugin ([`DeviceOptions::plugin`]), by its index.
+    Plugin(u32),
 }
 
 impl FromStr for DeviceSpec {
@@ -54,21 +58,26 @@ impl FromStr for DeviceSpec {
                 }
                 Ok(DeviceSpec::Sim(config))
             }
-            "cuda" => {
-                let ordinal = match parts.next() {
+            backend @ ("cuda" | "plugin") => {
+                let index = match parts.next() {
                     None => 0,
                     Some(n) => n.parse().map_err(|_| {
                         bad(format!(
-                            "'{n}' is not a device number (cuda:0, cuda:1, ...)"
+                            "'{n}' is not a device number ({backend}:0, {backend}:1, ...)"
                         ))
                     })?,
                 };
-                match parts.next() {
-                    None => Ok(DeviceSpec::Cuda(ordinal)),
-                    Some(p) => Err(bad(format!("cuda takes a device number only, got '{p}'"))),
+                match (parts.next(), backend) {
+                    (None, "cuda") => Ok(DeviceSpec::Cuda(index)),
+                    (None, _) => Ok(DeviceSpec::Plugin(index)),
+                    (Some(p), _) => Err(bad(format!(
+                        "{backend} takes a device number only, got '{p}'"
+                    ))),
                 }
             }
-            other => Err(bad(format!("unknown backend '{other}' (cpu, sim, cuda)"))),
+            other => Err(bad(format!(
+                "unknown backend '{other}' (cpu, sim, cuda, plugin)"
+            ))),
         }
     }
 }
@@ -88,6 +97,7 @@ impl fmt::Display for DeviceSpec {
                 Ok(())
             }
             DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::Plugin(n) => write!(f, "plugin:{n}"),
         }
     }
 }
@@ -107,11 +117,16 @@ pub fn open_device(
     index: u32,
     options: &DeviceOptions,
 ) -> Result<Arc<dyn Accelerator>, DeviceError> {
-    let _ = options;
     match spec {
         DeviceSpec::Cpu => Ok(Arc::new(CpuDevice::new(index))),
         DeviceSpec::Sim(config) => Ok(Arc::new(SimDevice::new(index, *config))),
         DeviceSpec::Cuda(ordinal) => open_cuda(*ordinal),
+        DeviceSpec::Plugin(n) => match &options.plugin {
+            Some(path) => Ok(Arc::new(crate::plugin::PluginDevice::open(path, *n)?)),
+            None => Err(DeviceError::Unavailable(format!(
+                "plugin:{n}: no device plugin is loaded: set BCL_DEVICE_PLUGIN=/path/libvendor.so"
+            ))),
+        },
     }
 }
 
@@ -160,6 +175,18 @@ mod tests {
             assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
         }
         assert_eq!("cuda".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cuda(0)));
+        assert_eq!(
+            "plugin".parse::<DeviceSpec>().ok(),
+            Some(DeviceSpec::Plugin(0))
+        );
+        assert_eq!(
+            "plugin:2".parse::<DeviceSpec>().map(|s| s.to_string()).ok(),
+            Some("plugin:2".to_string())
+        );
+        assert!("plugin:x".parse::<DeviceSpec>().is_err());
+        let e = open_device(&DeviceSpec::Plugin(0), 0, &DeviceOptions::default())
+            .expect_err("no plugin named");
+        assert!(e.to_string().contains("BCL_DEVICE_PLUGIN"), "{e}");
         assert_eq!(
             "cuda:3".parse::<DeviceSpec>().map(|s| s.to_string()).ok(),
             Some("cuda:3".to_string())

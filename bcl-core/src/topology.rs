@@ -118,6 +118,7 @@ mod tests {
                 host_id: host.into(),
                 capabilities: DeviceCapabilities {
                     host_addressable: true,
+                    external_memory: false,
                     copy_gbps: None,
                     reduce_gbps: None,
                 },

@@ -144,6 +144,8 @@ impl<T: Element> RankBuffers<T> {
             self.in_place,
         );
         let out = self.output(comm)?;
-        Ok(pattern::count_wrong(c, n, w, r, ip, out))
+        pattern::count_wrong(c, n, w, r, ip, out).map_err(|why| {
+            bcl_core::Error::InvalidArgument(format!("cannot check the result: {why}"))
+        })
     }
 }

@@ -372,8 +372,16 @@ fn check_exact_domain(ty: Type, op: Op, inputs: &[Value]) -> Result<(), String> 
                 ));
             }
             let limit = two_to(ty.precision());
+            // Every partial result is exact when its significand fits: for sums, bounded by
+            // the sum of magnitudes; for products of integers, by the product of their odd
+            // parts (powers of two only move the exponent), as long as nothing overflows.
             let bound = if op == Op::Prod {
-                floats.iter().map(|x| x.abs().max(1.0)).product::<f64>()
+                let magnitude: f64 = floats.iter().map(|x| x.abs().max(1.0)).product();
+                if magnitude >= overflow(ty) {
+                    f64::INFINITY
+                } else {
+                    floats.iter().map(|x| odd_part(x.abs())).product::<f64>()
+                }
             } else {
                 floats.iter().map(|x| x.abs()).sum::<f64>()
             };
@@ -385,6 +393,25 @@ fn check_exact_domain(ty: Type, op: Op, inputs: &[Value]) -> Result<(), String> 
             }
             Ok(())
         }
+    }
+}
+
+/// The odd factor of a non-negative integer (1 for 0).
+fn odd_part(mut x: f64) -> f64 {
+    if x == 0.0 {
+        return 1.0;
+    }
+    while x % 2.0 == 0.0 {
+        x /= 2.0;
+    }
+    x
+}
+
+/// The smallest magnitude that overflows `ty`.
+fn overflow(ty: Type) -> f64 {
+    match format_of(ty) {
+        Some(f) => two_to((1 << (f.exponent_bits - 1)) - 1 + 1),
+        None => f64::INFINITY,
     }
 }
 
@@ -468,6 +495,15 @@ mod tests {
         assert!(reduce(Type::Float32, Op::Sum, &v).is_err());
         let big = [Value::Float(200.0), Value::Float(100.0)];
         assert!(reduce(Type::Bfloat16, Op::Sum, &big).is_err());
+        // Powers of two multiply exactly as far as the exponent goes.
+        let twos = vec![Value::Float(2.0); 20];
+        assert_eq!(
+            reduce(Type::Bfloat16, Op::Prod, &twos),
+            Ok(vec![0x80, 0x49])
+        );
+        assert!(reduce(Type::Float16, Op::Prod, &twos).is_err());
+        let threes = vec![Value::Float(3.0); 6];
+        assert!(reduce(Type::Bfloat16, Op::Prod, &threes).is_err());
         assert!(reduce(Type::Float32, Op::Sum, &big).is_ok());
         let zeros = [Value::Float(0.0), Value::Float(-0.0)];
         assert!(reduce(Type::Float64, Op::Min, &zeros).is_err());

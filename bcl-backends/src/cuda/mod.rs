@@ -379,6 +379,7 @@ impl CudaDevice {
                 host_id: crate::host::host_identity(),
                 capabilities: DeviceCapabilities {
                     host_addressable: false,
+                    external_memory: true,
                     copy_gbps: None,
                     reduce_gbps: None,
                 },

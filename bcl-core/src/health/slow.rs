@@ -474,6 +474,7 @@ mod tests {
                     host_id: format!("h{rank}"),
                     capabilities: DeviceCapabilities {
                         host_addressable: true,
+                        external_memory: false,
                         copy_gbps: None,
                         reduce_gbps: None,
                     },

@@ -5,10 +5,8 @@
 use crate::guard::{call, last_error};
 use crate::registry;
 use crate::types::*;
-use bcl_core::config::process_env;
-use bcl_core::{
-    Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId, Vendor,
-};
+use bcl_core::config::{limits, process_env};
+use bcl_core::{Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::time::Duration;
@@ -102,6 +100,13 @@ unsafe fn write_slice<'a>(ptr: *mut c_void, len: usize, what: &str) -> Result<&'
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) })
 }
 
+/// Whether C callers pass this communicator's device memory as pointers (and streams as the
+/// device's own): a device that declares external memory (cuda). Every other device takes
+/// host memory through the C ABI.
+fn takes_device_pointers(comm: &Communicator) -> bool {
+    comm.accelerator().info().capabilities.external_memory
+}
+
 fn overlaps(a: usize, alen: usize, b: usize, blen: usize) -> bool {
     alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
 }
@@ -121,7 +126,7 @@ unsafe fn host_call(
 ) -> Result<(), Error> {
     let dtype = data_type(datatype)?;
     let comm = registry::get(comm as usize)?;
-    if comm.accelerator().info().vendor == Vendor::Nvidia {
+    if takes_device_pointers(&comm) {
         // SAFETY: bcl.h's contract for device buffers and streams.
         return unsafe { device_call(&comm, collective, count, dtype, send, recv, stream) };
     }
@@ -399,24 +404,21 @@ pub unsafe extern "C" fn bclCommInitRankConfig(
             if let Some(t) = text(cfg.transport, "transport")? {
                 c.transport = TransportKind::parse(&t)?;
             }
-            if cfg.sockets_per_peer > 0 {
-                c.sockets_per_peer = cfg.sockets_per_peer as usize;
+            // Zero keeps the default; anything else is checked against its range.
+            if cfg.sockets_per_peer != 0 {
+                let n = i64::from(cfg.sockets_per_peer);
+                c.sockets_per_peer = limits::SOCKETS.from_i64("config.socketsPerPeer", n)?;
             }
             let seconds = |v: f64, what: &str| -> Result<Option<Duration>, Error> {
-                if v == 0.0 {
-                    Ok(None)
-                } else if v.is_finite() && v > 0.0 {
-                    Ok(Some(Duration::from_secs_f64(v)))
-                } else {
-                    Err(invalid(format!(
-                        "config.{what} {v} is not a positive number of seconds"
-                    )))
+                match v {
+                    0.0 => Ok(None),
+                    v => limits::TIMEOUT.from_f64(what, v).map(Some),
                 }
             };
-            if let Some(d) = seconds(cfg.init_timeout_seconds, "initTimeoutSeconds")? {
+            if let Some(d) = seconds(cfg.init_timeout_seconds, "config.initTimeoutSeconds")? {
                 c.init_timeout = d;
             }
-            if let Some(d) = seconds(cfg.timeout_seconds, "timeoutSeconds")? {
+            if let Some(d) = seconds(cfg.timeout_seconds, "config.timeoutSeconds")? {
                 c.op_timeout = d;
             }
         }
@@ -683,7 +685,7 @@ pub unsafe extern "C" fn bclAllToAll(
 pub extern "C" fn bclBarrier(comm: BclComm, stream: BclStream) -> BclResult {
     call("bclBarrier", || {
         let comm = registry::get(comm as usize)?;
-        if comm.accelerator().info().vendor == Vendor::Nvidia {
+        if takes_device_pointers(&comm) {
             let acc = comm.accelerator();
             // SAFETY: bcl.h: `stream` is NULL or a live stream of the communicator's GPU.
             let stream =
@@ -753,7 +755,7 @@ unsafe fn p2p_or_defer(p: PendingP2p, stream: BclStream) -> Result<(), Error> {
     data_type(p.datatype)?;
     rank_arg(p.peer, "peer")?;
     let comm = registry::get(p.comm)?;
-    if comm.accelerator().info().vendor == Vendor::Nvidia {
+    if takes_device_pointers(&comm) {
         return Err(invalid(format!(
             "rank {}: bclSend/bclRecv of GPU memory are not implemented yet (collectives are); \
              stage through host memory on a cpu communicator",

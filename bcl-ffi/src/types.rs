@@ -62,41 +62,17 @@ pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
     }
 }
 
-/// `bclDataType_t` values (NCCL's numbering).
+/// `bclDataType_t` values (NCCL's numbering, `DataType::code`).
 pub fn data_type(v: c_int) -> Result<DataType, Error> {
-    Ok(match v {
-        0 => DataType::Int8,
-        1 => DataType::Uint8,
-        2 => DataType::Int32,
-        3 => DataType::Uint32,
-        4 => DataType::Int64,
-        5 => DataType::Uint64,
-        6 => DataType::Float16,
-        7 => DataType::Float32,
-        8 => DataType::Float64,
-        9 => DataType::Bfloat16,
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "datatype {other} is not a bclDataType_t (0..=9)"
-            )));
-        }
+    DataType::from_code(v).ok_or_else(|| {
+        Error::InvalidArgument(format!("datatype {v} is not a bclDataType_t (0..=9)"))
     })
 }
 
-/// `bclRedOp_t` values (NCCL's numbering).
+/// `bclRedOp_t` values (NCCL's numbering, `ReduceOp::code`).
 pub fn red_op(v: c_int) -> Result<ReduceOp, Error> {
-    Ok(match v {
-        0 => ReduceOp::Sum,
-        1 => ReduceOp::Prod,
-        2 => ReduceOp::Max,
-        3 => ReduceOp::Min,
-        4 => ReduceOp::Avg,
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "op {other} is not a bclRedOp_t (0..=4)"
-            )));
-        }
-    })
+    ReduceOp::from_code(v)
+        .ok_or_else(|| Error::InvalidArgument(format!("op {v} is not a bclRedOp_t (0..=4)")))
 }
 
 /// `bclUniqueId`: the text form of the core's unique id, NUL-padded to 128 bytes.

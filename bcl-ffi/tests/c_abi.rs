@@ -136,6 +136,40 @@ fn header_declares_exactly_what_the_library_exports_and_compiles_as_c99_and_cpp(
             .arg(&h),
         "g++",
     );
+    // The device-plugin header, as a vendor compiles against it.
+    let plugin = root().join("include/bcl_device_plugin.h");
+    for (compiler, args) in [
+        ("gcc", &["-std=c99", "-pedantic", "-x", "c"][..]),
+        ("g++", &["-x", "c++"][..]),
+    ] {
+        run_ok(
+            Command::new(compiler)
+                .args(["-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-I"])
+                .arg(root().join("include"))
+                .args(args)
+                .arg(&plugin),
+            compiler,
+        );
+    }
+}
+
+#[path = "../../bcl-backends/tests/support/mod.rs"]
+mod plugin_build;
+
+/// The C program on four processes whose odd ranks compute on the sample device plugin,
+/// chosen as a C user would: BCL_DEVICE=plugin:N and BCL_DEVICE_PLUGIN.
+#[test]
+fn c_program_with_ranks_on_a_device_plugin() {
+    let exe = compile("collectives.c", "collectives-plugin", false);
+    let plugin = plugin_build::sample_plugin(&[]);
+    run_ranks_with(4, "collectives on plugin ranks", |r| {
+        let mut c = Command::new(&exe);
+        if r % 2 == 1 {
+            c.env("BCL_DEVICE", format!("plugin:{}", r / 2))
+                .env("BCL_DEVICE_PLUGIN", &plugin);
+        }
+        c
+    });
 }
 
 /// Start `n` rank processes made by `command(rank)` with the launcher variables set, and check

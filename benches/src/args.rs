@@ -1,9 +1,9 @@
 //! Command-line flags, with nccl-tests' names and meanings.
 
+use bcl_core::config::limits;
 use bcl_core::{CommConfig, DataType, DeviceSpec, ReduceOp, TransportKind};
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CollectiveName {
@@ -104,7 +104,48 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("'{text}' is not a size (e.g. 8, 1K, 64M)"))
 }
 
+/// The most local rank processes `--nranks` starts.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
 impl Args {
+    /// Check every numeric flag: a value out of range is an error naming the flag and the
+    /// value (never a panic, nor a value quietly raised or lowered).
+    pub fn validate(&self) -> Result<(), String> {
+        let e = |error: bcl_core::Error| error.to_string();
+        limits::TIMEOUT
+            .from_f64("--timeout", self.timeout)
+            .map_err(e)?;
+        if let Some(n) = self.sockets_per_peer {
+            limits::SOCKETS.check("--sockets-per-peer", n).map_err(e)?;
+        }
+        if let Some(n) = self.slice_bytes {
+            limits::SLICE_BYTES.check("--slice-bytes", n).map_err(e)?;
+        }
+        let out_of_range = |flag: &str, v: usize, range: &str| {
+            Err(format!("{flag}='{v}' is out of range: it must be {range}"))
+        };
+        if self.iters == 0 {
+            return out_of_range("-n/--iters", 0, "at least 1");
+        }
+        if self.step_factor == 0 {
+            return out_of_range("-f/--stepfactor", 0, "at least 1");
+        }
+        if self.check > 1 {
+            return out_of_range("-c/--check", self.check as usize, "0 or 1");
+        }
+        if self.nranks == 0 || self.nranks > MAX_LOCAL_RANKS {
+            let range = format!("from 1 to {MAX_LOCAL_RANKS}");
+            return out_of_range("--nranks", self.nranks, &range);
+        }
+        if self.min_bytes > self.max_bytes {
+            return Err(format!(
+                "-b/--minbytes {} is larger than -e/--maxbytes {}: nothing to measure",
+                self.min_bytes, self.max_bytes
+            ));
+        }
+        Ok(())
+    }
+
     pub fn dtypes(&self) -> Result<Vec<DataType>, String> {
         if self.datatype == "all" {
             return Ok(DataType::ALL.to_vec());
@@ -137,9 +178,11 @@ impl Args {
 
     /// The communicator config of `rank`.
     pub fn config(&self, rank: usize) -> Result<CommConfig, String> {
+        let op_timeout =
+            (limits::TIMEOUT.from_f64("--timeout", self.timeout)).map_err(|e| e.to_string())?;
         let mut c = CommConfig {
             device: self.device_of(rank)?,
-            op_timeout: Duration::from_secs_f64(self.timeout.max(0.1)),
+            op_timeout,
             ..CommConfig::default()
         };
         // Two ranks of one vendor on one host get distinct device indices.
@@ -150,10 +193,10 @@ impl Args {
             other => TransportKind::parse(other).map_err(|e| e.to_string())?,
         };
         if let Some(s) = self.sockets_per_peer {
-            c.sockets_per_peer = s.max(1);
+            c.sockets_per_peer = s;
         }
         if let Some(s) = self.slice_bytes {
-            c.slice_bytes = s.max(64);
+            c.slice_bytes = s;
         }
         c.algorithm = match self.algo.as_str() {
             "auto" => None,

@@ -29,7 +29,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .try_init();
-    if let Err(e) = args.dtypes().and(args.ops()).and(args.device_specs()) {
+    let valid = args.validate().and(args.dtypes().map(drop));
+    if let Err(e) = valid
+        .and(args.ops().map(drop))
+        .and(args.device_specs().map(drop))
+    {
         eprintln!("bcl-bench: {e}");
         return ExitCode::from(2);
     }
@@ -49,8 +53,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    if launched.is_none() && (args.nranks == 0 || args.root >= args.nranks) {
-        eprintln!("bcl-bench: --nranks must be at least 1 and -r below it");
+    if launched.is_none() && args.root >= args.nranks {
+        eprintln!("bcl-bench: -r/--root must be below --nranks");
         return ExitCode::from(2);
     }
     let outcome = match (&args.worker_rank, &args.unique_id, &launched) {

@@ -193,7 +193,83 @@ fn bad_flags_are_refused() {
         assert_ne!(code, 0, "{args:?} was accepted: {out}");
         assert!(!err.is_empty(), "{args:?}: no error message");
     }
+    // Numeric flags and settings out of range: exit 2 with a message naming the flag (or
+    // the variable) and the value; never a panic.
+    let cases: [(&[&str], &[(&str, &str)], &str); 14] = [
+        (&["--timeout=-1"], &[], "--timeout='-1'"),
+        (&["--timeout", "inf"], &[], "--timeout='inf'"),
+        (&["--timeout", "nan"], &[], "--timeout='NaN'"),
+        (&["--timeout", "1e400"], &[], "--timeout='inf'"),
+        (&["--timeout", "1e300"], &[], "--timeout="),
+        (&["-n", "0"], &[], "-n/--iters='0'"),
+        (&["-f", "0"], &[], "-f/--stepfactor='0'"),
+        (&["-c", "2"], &[], "-c/--check='2'"),
+        (&["--nranks", "0"], &[], "--nranks='0'"),
+        (&["--nranks", "100000"], &[], "--nranks='100000'"),
+        (&["--sockets-per-peer", "0"], &[], "--sockets-per-peer='0'"),
+        (&["--slice-bytes", "1"], &[], "--slice-bytes='1'"),
+        (&["-b", "64M", "-e", "8"], &[], "larger than -e"),
+        (
+            &["--threads", "--nranks", "1"],
+            &[("BCL_TIMEOUT_S", "-1")],
+            "BCL_TIMEOUT_S='-1'",
+        ),
+    ];
+    for (flags, env, words) in cases {
+        let out = Command::new(BENCH)
+            .arg("allreduce")
+            .args(flags)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run bcl-bench");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{flags:?} {env:?} was accepted");
+        assert!(
+            err.contains(words),
+            "{flags:?} {env:?}: `{words}` missing from: {err}"
+        );
+        assert!(
+            !err.contains("panicked"),
+            "{flags:?} {env:?} panicked: {err}"
+        );
+    }
 }
+
+/// `--devices plugin:0,cpu` with `BCL_DEVICE_PLUGIN`: ranks on the sample device plugin's
+/// devices beside cpu ranks, every result right.
+#[test]
+fn allreduce_with_ranks_on_a_device_plugin() {
+    let plugin = plugin_build::sample_plugin(&[]);
+    let out = Command::new(BENCH)
+        .args([
+            "allreduce",
+            "--nranks",
+            "4",
+            "--devices",
+            "plugin:0,cpu,plugin:1",
+        ])
+        .args([
+            "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-d", "all",
+        ])
+        .env("BCL_DEVICE_PLUGIN", &plugin)
+        .env("BCL_TIMEOUT_S", "60")
+        .output()
+        .expect("run bcl-bench");
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{err}");
+    assert!(stdout.contains("device arena:0"), "{stdout}");
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 4 * 10, "{stdout}");
+    for r in &rows {
+        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "{r:?}");
+    }
+}
+
+#[path = "../../bcl-backends/tests/support/mod.rs"]
+mod plugin_build;
 
 #[test]
 fn a_worker_killed_mid_sweep_makes_the_bench_print_the_verdict_and_fail() {

@@ -317,11 +317,20 @@ fn exact_step(op: Op, a: Value, b: Value) -> Value {
 /// of magnitudes) is at most 2^precision, so that every partial result is exact; min and max
 /// of any values without a tie between +0 and -0. Otherwise `Err` says why.
 pub fn reduce(ty: Type, op: Op, inputs: &[Value]) -> Result<Vec<u8>, String> {
+    // Values of the type's own kind: an integer given for a float type is that float.
+    let inputs: Vec<Value> = inputs
+        .iter()
+        .map(|v| match (*v, ty.is_float()) {
+            (Value::Int(i), true) => Value::Float(i as f64),
+            (Value::Float(x), false) => Value::Int(x as i128),
+            (v, _) => v,
+        })
+        .collect();
     let Some((&first, rest)) = inputs.split_first() else {
         return Err("a reduction needs at least one rank".into());
     };
     if ty.is_float() {
-        check_exact_domain(ty, op, inputs)?;
+        check_exact_domain(ty, op, &inputs)?;
     }
     // Integer arithmetic here is wrapped at the end: the sum or product modulo 2^width does
     // not depend on where the wrap happens.
@@ -507,6 +516,9 @@ mod tests {
         assert!(reduce(Type::Float32, Op::Sum, &big).is_ok());
         let zeros = [Value::Float(0.0), Value::Float(-0.0)];
         assert!(reduce(Type::Float64, Op::Min, &zeros).is_err());
+        // Integers given for a float type are floats: the average of 0 and 1 is 0.5.
+        let half = reduce(Type::Float16, Op::Avg, &[Value::Int(0), Value::Int(1)]);
+        assert_eq!(half, Ok(vec![0x00, 0x38]));
         let nan = [Value::Float(f64::NAN), Value::Float(3.0)];
         assert_eq!(
             reduce(Type::Float64, Op::Max, &nan),

@@ -262,11 +262,22 @@ pub fn run_cases_placed(comms: &[Communicator], cases: &[Case], staged: bool) ->
 /// The whole suite for one setup and world size; panics listing the failures.
 pub fn conformance(setup: Setup, world: usize) {
     let comms = communicators(setup, world);
+    suite(
+        &format!("{setup:?}"),
+        &comms,
+        setup == Setup::ShmMixedStaged,
+    );
+}
+
+/// The whole suite on communicators made some other way (providers passed in, say); device
+/// ranks through host staging where `staged`. Panics listing the failures.
+pub fn suite(label: &str, comms: &[Communicator], staged: bool) {
+    let world = comms.len();
     let cases = cases(world);
-    let failures = run_cases_placed(&comms, &cases, setup == Setup::ShmMixedStaged);
+    let failures = run_cases_placed(comms, &cases, staged);
     assert!(
         failures.is_empty(),
-        "{setup:?} with {world} ranks: {} of {} case-runs failed:\n{}",
+        "{label} with {world} ranks: {} of {} case-runs failed:\n{}",
         failures.len(),
         cases.len() * world,
         failures

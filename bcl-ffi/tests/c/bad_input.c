@@ -1,6 +1,7 @@
 /* Every kind of bad input gives its code and a message naming the cause; nothing crashes and
  * nothing is written. Runs as a single rank. */
 #include <bcl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +41,22 @@ int main(void) {
   wrong = config;
   wrong.device = "tpu:0";
   EXPECT_CODE(bclCommInitRankConfig(&comm, 1, id, 0, &wrong), bclInvalidArgument, "tpu");
+  /* Numeric settings out of range: an error naming the field, never a crash or a panic. */
+  const double bad_seconds[] = {1e300, -1.0, NAN, INFINITY, -INFINITY, 1e-9};
+  for (size_t i = 0; i < sizeof bad_seconds / sizeof bad_seconds[0]; i++) {
+    wrong = config;
+    wrong.timeoutSeconds = bad_seconds[i];
+    EXPECT_CODE(bclCommInitRankConfig(&comm, 1, id, 0, &wrong), bclInvalidArgument, "config.timeoutSeconds");
+    wrong = config;
+    wrong.initTimeoutSeconds = bad_seconds[i];
+    EXPECT_CODE(bclCommInitRankConfig(&comm, 1, id, 0, &wrong), bclInvalidArgument, "config.initTimeoutSeconds");
+  }
+  wrong = config;
+  wrong.socketsPerPeer = -3;
+  EXPECT_CODE(bclCommInitRankConfig(&comm, 1, id, 0, &wrong), bclInvalidArgument, "config.socketsPerPeer='-3' is negative");
+  wrong = config;
+  wrong.socketsPerPeer = 1000;
+  EXPECT_CODE(bclCommInitRankConfig(&comm, 1, id, 0, &wrong), bclInvalidArgument, "from 1 to 64");
   if (bclCommInitRankConfig(&comm, 1, id, 0, &config) != bclSuccess) {
     fprintf(stderr, "init: %s\n", bclGetLastError(NULL));
     return 3;

@@ -195,7 +195,9 @@ fn bad_flags_are_refused() {
     }
     // Numeric flags and settings out of range: exit 2 with a message naming the flag (or
     // the variable) and the value; never a panic.
-    let cases: [(&[&str], &[(&str, &str)], &str); 14] = [
+    /// Flags, environment, and the words the error must hold.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case<'_>; 14] = [
         (&["--timeout=-1"], &[], "--timeout='-1'"),
         (&["--timeout", "inf"], &[], "--timeout='inf'"),
         (&["--timeout", "nan"], &[], "--timeout='NaN'"),

@@ -8,16 +8,16 @@ mod plugin_build;
 
 use bcl_core::{CommConfig, Communicator, DeviceSpec, Error, TransportKind};
 use bcl_tests::{Setup, suite, test_config};
-use std::path::PathBuf;
+use std::path::Path;
 
 /// Odd ranks on the plugin's two devices in turn, even ranks on the cpu.
-fn mixed(setup: Setup, rank: usize, plugin: &PathBuf) -> CommConfig {
+fn mixed(setup: Setup, rank: usize, plugin: &Path) -> CommConfig {
     let mut c = test_config(setup, rank);
     if rank % 2 == 1 {
         c.device = format!("plugin:{}", (rank / 2) % 2)
             .parse::<DeviceSpec>()
             .expect("spec");
-        c.device_plugin = Some(plugin.clone());
+        c.device_plugin = Some(plugin.to_path_buf());
     }
     c
 }

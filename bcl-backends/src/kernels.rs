@@ -11,6 +11,7 @@ use thiserror::Error;
 
 /// A kernel was called with buffers that do not describe whole, equal-length element runs.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KernelError {
     #[error("buffer lengths differ: destination {dst} bytes, source {src} bytes")]
     LengthMismatch { dst: usize, src: usize },

@@ -40,6 +40,7 @@ impl Cause {
 }
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The caller passed something wrong (a count, a buffer length, a rank, a dtype).
     /// Nothing was sent or changed. The caller is at fault.
@@ -129,6 +130,28 @@ pub enum Error {
 }
 
 impl Error {
+    /// The `bclResult_t` of `bcl.h` this error is (one per variant, and a desync verdict is a
+    /// mismatch like a wrong size): the C ABI returns it.
+    pub fn code(&self) -> i32 {
+        match self {
+            Error::InvalidArgument(_) => 1,
+            Error::BootstrapTimeout { .. } => 2,
+            Error::Bootstrap { .. } => 3,
+            Error::Link { .. } => 4,
+            Error::Mismatch { .. } => 5,
+            Error::Fault {
+                cause: Cause::Desync,
+                ..
+            } => 5,
+            Error::Timeout { .. } => 6,
+            Error::Device { .. } => 7,
+            Error::Poisoned(_) => 8,
+            Error::Unavailable(_) => 9,
+            Error::Internal(_) => 10,
+            Error::Fault { .. } => 11,
+        }
+    }
+
     /// Whether this error poisons the communicator it came from.
     pub fn poisons(&self) -> bool {
         matches!(

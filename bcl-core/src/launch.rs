@@ -27,6 +27,7 @@ use std::path::PathBuf;
 
 /// How the ranks of a job find each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Rendezvous {
     /// Rank 0 serves the TCP store at the id's address.
     Root(UniqueId),

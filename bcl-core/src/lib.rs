@@ -4,33 +4,40 @@
 //!  caller ── Communicator::all_reduce(...) ──► op (seq n) ──► schedule::build_plan (pure)
 //!                                                                   │ Plan of steps
 //!                                                                   ▼
-//!            progress thread / caller thread ──► exec::Executor::poll
+//!            progress thread / caller thread ──► executor (polls, never sleeps)
 //!                                                 │ try_send / try_recv      │ reduce / copy
 //!                                                 ▼                          ▼
-//!                                          dyn Transport (tcp, mem)   dyn Accelerator (cpu, sim)
+//!                         dyn Transport (tcp, shm, rdma, mem,    dyn Accelerator (cpu, sim,
+//!                                       or one passed in)        cuda, plugin, or one passed in)
 //! ```
 //!
-//! A Rust user depends on this crate alone: it re-exports the device and transport types a
-//! caller needs. `bootstrap` and `topology` turn a rendezvous store into connected peers and
-//! a ring order; `schedule` holds the algorithms as pure functions, proven by its symbolic
-//! checker; `exec` drives a plan through the two traits without blocking.
+//! A Rust user depends on this crate alone: it re-exports the device and transport crates
+//! ([`backends`], [`transport`]) and the types a caller needs. Providers are passed in
+//! ([`CommBuilder`]: an `Accelerator` of a vendor's, a `Transport`), or named in the settings
+//! ([`CommConfig`]: `cpu`, `sim`, `cuda:N`, `plugin:N`; `auto`, `tcp`, `shm`, `rdma`).
+//!
+//! The public surface: [`Communicator`] and [`CommBuilder`], their settings ([`config`]),
+//! what a launcher hands over ([`launch`]), errors ([`Error`], [`Cause`]), the health report's
+//! types ([`health`]), and the schedules ([`schedule`]: pure plans and the symbolic checker,
+//! for tools such as a simulator). Everything else (bootstrap, topology, the executor, the
+//! signature exchange) is private.
 
 #![forbid(unsafe_code)]
 
-pub mod bootstrap;
-pub mod comm;
+mod bootstrap;
+mod comm;
 pub mod config;
-pub mod error;
-pub mod exec;
+mod error;
+mod exec;
 pub mod health;
 pub mod launch;
 mod links;
-pub mod peers;
+mod peers;
 pub mod schedule;
-pub mod signature;
-pub mod topology;
-pub mod unique_id;
-pub mod units;
+mod signature;
+mod topology;
+mod unique_id;
+mod units;
 mod work;
 
 /// The device side: the `Accelerator` trait a vendor implements, and the built-in backends.
@@ -43,8 +50,11 @@ pub use bcl_backends::{
 };
 pub use bcl_transport::mem::{Faults, MemFabric};
 pub use comm::{CommBuilder, Communicator};
-pub use config::{CommConfig, TransportKind};
-pub use error::{Error, Result};
-pub use schedule::Collective;
+pub use config::{CommConfig, HealthConfig, TransportKind};
+pub use error::{Cause, Error, Result};
+pub use peers::{PeerLabel, RankInfo};
+pub use schedule::{Algorithm, Collective};
+pub use topology::LinkKind;
 pub use unique_id::UniqueId;
+pub use units::human_bytes;
 pub use work::Work;

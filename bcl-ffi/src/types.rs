@@ -1,6 +1,5 @@
 //! The C types of `bcl.h`, with NCCL's names and numbering under the `bcl` prefix.
 
-use bcl_core::health::Cause;
 use bcl_core::{DataType, Error, ReduceOp};
 use std::ffi::c_int;
 
@@ -20,25 +19,9 @@ pub const BCL_INTERNAL_ERROR: BclResult = 10;
 pub const BCL_REMOTE_ERROR: BclResult = 11;
 pub const BCL_NUM_RESULTS: BclResult = 12;
 
-/// The code of a core error (one to one).
+/// The code of a core error (one to one: `Error::code`, whose numbers these constants are).
 pub fn code_of(e: &Error) -> BclResult {
-    match e {
-        Error::InvalidArgument(_) => BCL_INVALID_ARGUMENT,
-        Error::BootstrapTimeout { .. } => BCL_BOOTSTRAP_TIMEOUT,
-        Error::Bootstrap { .. } => BCL_BOOTSTRAP_ERROR,
-        Error::Link { .. } => BCL_LINK_ERROR,
-        Error::Mismatch { .. } => BCL_MISMATCH,
-        Error::Timeout { .. } => BCL_TIMEOUT,
-        Error::Fault {
-            cause: Cause::Desync,
-            ..
-        } => BCL_MISMATCH,
-        Error::Fault { .. } => BCL_REMOTE_ERROR,
-        Error::Device { .. } => BCL_DEVICE_ERROR,
-        Error::Poisoned(_) => BCL_POISONED,
-        Error::Unavailable(_) => BCL_UNAVAILABLE,
-        Error::Internal(_) => BCL_INTERNAL_ERROR,
-    }
+    e.code()
 }
 
 /// The fixed text of a result code.

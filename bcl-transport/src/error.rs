@@ -4,6 +4,7 @@ use std::io;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The OS refused a socket operation. Likely cause: the network, or a peer that went away.
     #[error("{op} with rank {peer} ({addr}) failed: {source}")]

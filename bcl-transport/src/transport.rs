@@ -42,6 +42,7 @@ impl fmt::Debug for PeerAddress {
 
 /// Memory a transport can read from and write into directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MemoryKind {
     Host,
     /// Device memory (GPUDirect-style paths). No transport declares it yet.

@@ -117,6 +117,9 @@ impl<T: Element> RankBuffers<T> {
             Collective::Send { peer } => comm.send(inp, peer),
             Collective::Recv { peer } => comm.recv(out, peer),
             Collective::Barrier => comm.barrier(),
+            other => Err(bcl_core::Error::InvalidArgument(format!(
+                "bcl-bench has no host call for {other}"
+            ))),
         }
     }
 

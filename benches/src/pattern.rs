@@ -124,6 +124,7 @@ pub fn expected<T: Element>(
         Collective::AllToAll => Some(input(collective, j / c, rank * count + j % c)),
         Collective::Recv { peer } => Some(input(collective, peer, j)),
         Collective::Reduce { .. } | Collective::Send { .. } | Collective::Barrier => None,
+        other => return Err(format!("no closed form for {other}")),
     })
 }
 

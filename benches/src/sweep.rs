@@ -100,7 +100,7 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                     "{} {} {}",
                     dtype_name(*dtype),
                     op.name(),
-                    bcl_core::units::human_bytes(bytes)
+                    bcl_core::human_bytes(bytes)
                 ));
                 let c = collective_of(args.collective, *op, args.root);
                 let count = count_for(c, bytes, dtype.size(), n);

@@ -3,7 +3,7 @@
 //! are dropped the process is back to its thread and file-descriptor baseline. (Its own test
 //! binary: the counts are per process.)
 
-use bcl_core::health::Cause;
+use bcl_core::Cause;
 use bcl_core::{Communicator, Error, ReduceOp};
 use bcl_tests::{Setup, test_config};
 use std::sync::Arc;

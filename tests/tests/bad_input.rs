@@ -1,7 +1,7 @@
 //! Bad input and injected faults: each gives a clear error naming what was wrong, nothing is
 //! corrupted, and no call hangs.
 
-use bcl_core::health::Cause;
+use bcl_core::Cause;
 use bcl_core::schedule::Algorithm;
 use bcl_core::{CommConfig, Communicator, Error, MemFabric, ReduceOp, TransportKind, UniqueId};
 use bcl_tests::{Setup, test_config};

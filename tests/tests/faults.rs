@@ -200,7 +200,7 @@ fn rings_of_a_rank_killed_during_setup_are_reclaimed_by_the_next_init() {
         Vec::<String>::new(),
         "stale ring left"
     );
-    assert_eq!(comms[0].link(1), Some(bcl_core::topology::LinkKind::Shm));
+    assert_eq!(comms[0].link(1), Some(bcl_core::LinkKind::Shm));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! process use the in-process transport under auto).
 #![cfg(feature = "rdma")]
 
-use bcl_core::topology::LinkKind;
+use bcl_core::LinkKind;
 use bcl_core::{CommConfig, Communicator, ReduceOp};
 use bcl_tests::{Setup, test_config};
 

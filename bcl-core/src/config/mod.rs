@@ -23,6 +23,7 @@ use std::time::Duration;
 
 /// Which transport a communicator uses between its ranks.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub enum TransportKind {
     /// Choose per peer: shared memory for a peer on the same host (same boot id and network
     /// namespace), TCP otherwise.

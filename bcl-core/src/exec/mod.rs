@@ -17,7 +17,7 @@ mod tests;
 
 pub use clock::{Clock, WallClock};
 pub use memory::{Bindings, Memory};
-pub use stats::{Measurements, PeerBytes, RATE_MIN_BYTES};
+pub use stats::{Measurements, PeerBytes};
 
 use crate::schedule::{Action, Plan};
 use crate::signature::Signature;
@@ -140,6 +140,7 @@ const DOWNLOADS_AHEAD: usize = 8;
 
 impl<'p> Executor<'p> {
     /// An executor for `plan` among `world` ranks, started at `now`.
+    #[cfg(test)]
     pub fn new(plan: &'p Plan, world: usize, now: Instant) -> Self {
         Self::reusing(plan, world, ExecScratch::default(), now)
     }

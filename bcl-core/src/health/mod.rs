@@ -22,15 +22,15 @@
 //! logged in one line, and the flight recorder is dumped to `BCL_DUMP_DIR`.
 
 mod diagnose;
-pub mod recorder;
+mod recorder;
 mod service;
 pub mod slow;
-pub mod verdict;
-pub mod wire;
+mod verdict;
+mod wire;
 
-pub use recorder::{FlightRecorder, OpRecord, OpState};
+use recorder::{FlightRecorder, OpRecord};
 pub use verdict::{Cause, Verdict};
-pub use wire::RankState;
+use wire::RankState;
 
 use crate::config::HealthConfig;
 use crate::exec::{Measurements, PeerBytes};
@@ -87,7 +87,7 @@ pub(crate) struct Inner {
 }
 
 /// One rank's health layer.
-pub struct Health {
+pub(crate) struct Health {
     inner: Arc<Inner>,
     address: Option<SocketAddr>,
     thread: Mutex<Option<JoinHandle<()>>>,

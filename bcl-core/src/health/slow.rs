@@ -32,7 +32,7 @@ const HYSTERESIS: u32 = 3;
 /// Entry times are recorded for one collective in four, chosen by a hash of the sequence
 /// number so that a periodic pattern of calls (allreduce, barrier, allreduce, ...) is sampled
 /// evenly...
-pub fn entry_sampled(seq: u32) -> bool {
+pub(crate) fn entry_sampled(seq: u32) -> bool {
     seq.wrapping_mul(0x9E37_79B9) >> 30 == 0
 }
 /// ...and kept for this many of those, enough to overlap the windows of ranks that report at
@@ -43,7 +43,7 @@ const LATENESS_SAMPLES: usize = 32;
 
 /// One rank's measurements over one window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Window {
+pub(crate) struct Window {
     pub rank: u32,
     /// Operations finished in the window.
     pub ops: u32,
@@ -57,7 +57,7 @@ pub struct Window {
 }
 
 /// Entry times a window keeps at most.
-pub const ENTRIES_PER_WINDOW: usize = 4096;
+pub(crate) const ENTRIES_PER_WINDOW: usize = 4096;
 
 impl Window {
     /// An empty window of `rank`, with room for its entry times: the data path, which fills
@@ -132,7 +132,7 @@ struct Streak {
 
 /// The detector, fed with every rank's windows (it runs on rank 0).
 #[derive(Debug)]
-pub struct Detector {
+pub(crate) struct Detector {
     peers: Vec<RankInfo>,
     pending: Vec<Window>,
     entries: BTreeMap<u32, Vec<Option<u64>>>,

@@ -23,6 +23,7 @@ use std::fmt;
 /// A collective operation and its parameters (counts as NCCL defines them, see
 /// [`Collective::buffer_elems`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Collective {
     AllReduce { op: ReduceOp },
     AllGather,
@@ -116,6 +117,7 @@ impl fmt::Display for Collective {
 
 /// How a collective is carried out. Every rank of a call must use the same one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Ring (reduce-scatter + allgather for allreduce), pipelined chains for rooted
     /// collectives: bandwidth-optimal.

@@ -41,6 +41,7 @@ impl Region {
 
 /// One thing a rank does.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Action {
     /// Send `from` to `peer` labelled `tag`.
     Send { peer: usize, tag: u32, from: Region },

@@ -14,6 +14,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The key did not appear before the deadline: the rank that should set it is missing.
     #[error("key '{key}' did not appear in the {store} store before the deadline")]

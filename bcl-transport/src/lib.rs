@@ -13,6 +13,8 @@
 //! most 128 bytes that the core exchanges for it through a [`store::Store`].
 
 pub mod auth;
+#[cfg(test)]
+mod contract;
 pub mod error;
 pub mod keys;
 pub mod mem;

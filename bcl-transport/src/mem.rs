@@ -27,6 +27,9 @@ struct Pending {
 #[derive(Default)]
 struct Inbox {
     messages: KeyMap<(usize, Tag), VecDeque<Pending>>,
+    /// Bytes waiting here per sender: `try_send` answers "not now" past
+    /// `max_queued_per_peer`, as a socket or a ring would.
+    queued_from: HashMap<usize, usize>,
 }
 
 /// Faults a test injects into the fabric.
@@ -155,13 +158,17 @@ impl MemTransport {
         let faults = self.shared.faults.lock();
         for r in [peer, self.rank] {
             if faults.dropped.contains(&r) {
-                return Err(TransportError::PeerClosed {
-                    peer: r,
-                    addr: format!("mem:{r}"),
-                });
+                return Err(closed(r));
             }
         }
         Ok(())
+    }
+}
+
+fn closed(peer: usize) -> TransportError {
+    TransportError::PeerClosed {
+        peer,
+        addr: format!("mem:{peer}"),
     }
 }
 
@@ -201,6 +208,12 @@ impl Transport for MemTransport {
                 max: CAPABILITIES.max_message,
             });
         }
+        let mut inbox = self.shared.inboxes[peer].lock();
+        let queued = inbox.queued_from.get(&self.rank).copied().unwrap_or(0);
+        if queued > 0 && queued + data.len() > CAPABILITIES.max_queued_per_peer {
+            return Ok(false);
+        }
+        *inbox.queued_from.entry(self.rank).or_default() += data.len();
         let mut buf = self.pool.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(data);
@@ -217,8 +230,7 @@ impl Transport for MemTransport {
                 now
             }
         };
-        self.shared.inboxes[peer]
-            .lock()
+        inbox
             .messages
             .entry((self.rank, tag))
             .or_default()
@@ -231,16 +243,26 @@ impl Transport for MemTransport {
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        self.check_peer(peer)?;
-        let stalled = self
-            .shared
-            .faults
-            .lock()
-            .stalled
-            .contains(&(peer, self.rank));
+        if peer >= self.shared.world {
+            return Err(TransportError::UnknownPeer { peer });
+        }
+        let (stalled, gone) = {
+            let faults = self.shared.faults.lock();
+            let stalled = faults.stalled.contains(&(peer, self.rank));
+            let gone = [peer, self.rank]
+                .into_iter()
+                .find(|r| faults.dropped.contains(r));
+            (stalled, gone)
+        };
         let mut inbox = self.shared.inboxes[self.rank].lock();
+        // What a lost peer sent before it went is still delivered; then its loss is an error.
         let Some(queue) = inbox.messages.get_mut(&(peer, tag)) else {
-            return Ok(None);
+            return match gone {
+                Some(r) if r == self.rank || !inbox.messages.keys().any(|(p, _)| *p == peer) => {
+                    Err(closed(r))
+                }
+                _ => Ok(None),
+            };
         };
         match queue.front() {
             Some(p) if !stalled && p.deliver_at <= Instant::now() => {}
@@ -251,6 +273,9 @@ impl Transport for MemTransport {
         };
         if queue.is_empty() {
             inbox.messages.remove(&(peer, tag));
+        }
+        if let Some(q) = inbox.queued_from.get_mut(&peer) {
+            *q -= p.data.len();
         }
         Ok(Some(Received {
             peer,
@@ -288,6 +313,7 @@ impl Transport for MemTransport {
 
     fn peer_lost(&self, peer: usize) -> bool {
         self.shared.faults.lock().dropped.contains(&peer)
+            && !(self.shared.inboxes[self.rank].lock().messages.keys()).any(|(p, _)| *p == peer)
     }
 }
 

@@ -332,3 +332,23 @@ fn rdma_messages_left_waiting_in_the_ring_do_not_block_later_ones() {
         assert_eq!(got, vec![i; 100 + i as usize]);
     }
 }
+
+/// The Transport contract suite (`crate::contract`) over rdma: real verbs, so in the
+/// Soft-RoCE VM only.
+mod contract {
+    use super::{config, connected};
+    use crate::contract::World;
+
+    fn world(n: usize) -> World {
+        let ends = connected(n, config())
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn crate::Transport>)
+            .collect();
+        World::new(ends, |_| {})
+    }
+
+    crate::contract::transport_contract!(
+        world,
+        #[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+    );
+}

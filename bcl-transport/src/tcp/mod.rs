@@ -3,8 +3,9 @@
 //! Setup (`connect`): the lower rank of each pair dials `sockets_per_peer` connections to the
 //! higher rank's listener; each connection proves the communicator's secret (see
 //! [`crate::auth`]) and introduces itself. Data path: `try_send` copies a message into a
-//! pooled buffer queued on the peer's next socket (round robin, so consecutive slices stream
-//! over different sockets) and writes what the socket takes at once; `progress` writes queued
+//! pooled buffer queued on the socket its tag picks (tag modulo the sockets in use: the
+//! consecutive tags of a plan's slices stream over different sockets, and the messages of one
+//! tag keep their order) and writes what the socket takes at once; `progress` writes queued
 //! frames with `writev` and reads arriving frames: small ones through a 16 KiB stage (a frame's
 //! header and payload, or several frames, in one `recv`), long payloads straight into pooled
 //! buffers; a read that comes back short ends the socket's turn (no `recv` that would only say
@@ -136,8 +137,6 @@ enum ReadOutcome {
 struct Peer {
     addr: String,
     conns: Vec<Conn>,
-    /// The connection the next message goes on (round robin over the first `width` of them).
-    next: usize,
     queued: usize,
     closed: bool,
 }
@@ -317,7 +316,6 @@ impl Transport for TcpTransport {
                 Peer {
                     addr: sa.to_string(),
                     conns: Vec::new(),
-                    next: 0,
                     queued: 0,
                     closed: false,
                 },
@@ -421,9 +419,8 @@ impl Transport for TcpTransport {
         let width = self
             .connections_in_use
             .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
-        let i = p.next % width;
-        p.next = (i + 1) % width;
-        let conn = &mut p.conns[i];
+        // One tag, one socket: its messages arrive in order (the Transport contract).
+        let conn = &mut p.conns[(tag % width as u64) as usize];
         let header = encode_header(tag, data.len() as u32);
         // An idle socket takes what it can straight from the caller's bytes; only the part it
         // did not take is copied into a transport-owned buffer.

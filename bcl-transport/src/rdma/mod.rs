@@ -394,14 +394,7 @@ impl RdmaTransport {
                 && p.freed - p.reported >= credit_batch(slots)
                 && u64::from(p.credit_writes) < slots
             {
-                let imm = Immediate::Credit(p.freed as u32).encode();
-                match p.qp.post_write_with_imm(
-                    wr_id(peer, WR_CREDIT),
-                    None,
-                    p.remote.ring_addr,
-                    p.remote.ring_rkey,
-                    imm,
-                ) {
+                match post_credit(p, peer) {
                     Ok(()) => {
                         p.credit_writes += 1;
                         p.reported = p.freed;
@@ -522,6 +515,7 @@ fn has_room(posted: u64, credited: u64, send_done: u64, slots: u64) -> bool {
 
 /// Copy the chunk of `message` that starts at `from` (at most one slot's `payload`) into the
 /// next send slot and write it to the peer's ring. Returns the chunk's length.
+#[allow(unsafe_code)] // posting RDMA writes: the contract is the slot and credit protocol's
 fn post_chunk(
     p: &mut Peer,
     peer: usize,
@@ -540,20 +534,48 @@ fn post_chunk(
     let slot = (p.posted % slots) as usize;
     let at = slot * slot_bytes;
     let len = SLOT_HEADER + bytes.len();
-    let target = p.send_slots.bytes_mut(at..at + len);
+    // SAFETY: send slot `posted % slots` is free: a sender posts at most `slots` writes
+    // beyond those whose completions it has polled (`has_room`), so the previous write from
+    // this slot has completed.
+    let target = unsafe { p.send_slots.bytes_mut(at..at + len) };
     target[..SLOT_HEADER].copy_from_slice(&header.encode());
     target[SLOT_HEADER..].copy_from_slice(bytes);
     let remote_at = p.remote.ring_addr + (slot * slot_bytes) as u64;
     let imm = Immediate::Data(p.posted as u32).encode();
-    p.qp.post_write_with_imm(
-        wr_id(peer, WR_DATA),
-        Some((&p.send_slots, at, len)),
-        remote_at,
-        p.remote.ring_rkey,
-        imm,
-    )?;
+    // SAFETY: the send slots live as long as the QP (both in `Peer`, the QP dropped first); the
+    // slot is not written again before this write completes (as above); the remote slot is
+    // free by the credits the peer returned (`has_room`: fewer than `slots` writes beyond the
+    // last credit).
+    unsafe {
+        p.qp.post_write_with_imm(
+            wr_id(peer, WR_DATA),
+            Some((&p.send_slots, at, len)),
+            remote_at,
+            p.remote.ring_rkey,
+            imm,
+        )
+    }?;
     p.posted += 1;
     Ok(bytes.len())
+}
+
+/// Tell the peer how many of its chunks this side has freed: a zero-length write with the
+/// count as its immediate.
+#[allow(unsafe_code)] // posting an RDMA write
+fn post_credit(p: &Peer, peer: usize) -> Result<(), verbs::VerbsError> {
+    let imm = Immediate::Credit(p.freed as u32).encode();
+    // SAFETY: a zero-length write names no local memory; the peer's ring address and key are
+    // what its setup record gave this side to write, and a zero-length write changes nothing
+    // there.
+    unsafe {
+        p.qp.post_write_with_imm(
+            wr_id(peer, WR_CREDIT),
+            None,
+            p.remote.ring_addr,
+            p.remote.ring_rkey,
+            imm,
+        )
+    }
 }
 
 /// Chunk `seq` is done with: free its slot, and every slot after it that is done too (slots
@@ -571,13 +593,17 @@ fn release_slot(p: &mut Peer, seq: u64) {
 }
 
 /// The bytes of the one-chunk message in chunk `seq`'s slot.
+#[allow(unsafe_code)] // reading memory the peer's NIC writes: the credit protocol's contract
 fn slot_message(p: &Peer, seq: u64, len: usize, slot_bytes: usize) -> &[u8] {
     let slots = (p.ring.len() / slot_bytes) as u64;
     let at = (seq % slots) as usize * slot_bytes + SLOT_HEADER;
-    p.ring.bytes(at..at + len)
+    // SAFETY: chunk `seq` was announced by its completion and its slot is held (not yet
+    // credited back), so the peer does not write it while this borrow of `p` lasts.
+    unsafe { p.ring.bytes(at..at + len) }
 }
 
 /// Take the chunk that landed in the ring's next slot. `Some`: it completed a message.
+#[allow(unsafe_code)] // reading memory the peer's NIC writes: the credit protocol's contract
 fn receive_chunk(
     p: &mut Peer,
     peer: usize,
@@ -594,7 +620,9 @@ fn receive_chunk(
     }
     let slots = p.ring.len() / slot_bytes;
     let at = (p.received % slots as u64) as usize * slot_bytes;
-    let slot = p.ring.bytes(at..at + slot_bytes);
+    // SAFETY: the completion for chunk `received` has been polled (the caller's `seq`), and
+    // its slot is not credited back before this function has copied or kept the chunk.
+    let slot = unsafe { p.ring.bytes(at..at + slot_bytes) };
     let header = ChunkHeader::decode(slot, slot_bytes - SLOT_HEADER, max_message)?;
     let chunk = &slot[SLOT_HEADER..SLOT_HEADER + header.chunk_len as usize];
     if p.assembling.is_none() && header.chunk_len == header.message_len {

@@ -25,6 +25,10 @@
 //! Parking without lost wake-ups: a side about to sleep sets its `parked` flag, fences, and
 //! looks once more; the other side, after publishing, fences and rings the sleeper's doorbell if
 //! the flag is set. Either the sleeper sees the new data or the publisher sees the flag.
+//!
+//! The protocol is what makes the segment's unsafe accessors sound here: every call names
+//! the rule that gives this side the range.
+#![allow(unsafe_code)]
 
 use super::sys::Segment;
 use crate::transport::Tag;
@@ -74,18 +78,25 @@ pub struct Identity {
 /// Fill a fresh (zeroed) segment's header; the magic goes last, so an opener that sees it sees
 /// the rest.
 pub fn initialize(seg: &Segment, capacity: usize, id: &Identity) {
-    seg.write(OFF_VERSION, &VERSION.to_le_bytes());
-    seg.write(OFF_CAPACITY, &(capacity as u64).to_le_bytes());
-    seg.write(OFF_PRODUCER_RANK, &(id.producer_rank as u64).to_le_bytes());
-    seg.write(OFF_CONSUMER_RANK, &(id.consumer_rank as u64).to_le_bytes());
-    seg.write(OFF_CONSUMER_PID, &u64::from(id.consumer_pid).to_le_bytes());
-    seg.write(OFF_CREATOR_PROOF, &id.proof);
+    // SAFETY: an opener reads none of these fields before it sees the magic, which is stored
+    // last, with release; no process writes them afterwards.
+    unsafe {
+        seg.write(OFF_VERSION, &VERSION.to_le_bytes());
+        seg.write(OFF_CAPACITY, &(capacity as u64).to_le_bytes());
+        seg.write(OFF_PRODUCER_RANK, &(id.producer_rank as u64).to_le_bytes());
+        seg.write(OFF_CONSUMER_RANK, &(id.consumer_rank as u64).to_le_bytes());
+        seg.write(OFF_CONSUMER_PID, &u64::from(id.consumer_pid).to_le_bytes());
+        seg.write(OFF_CREATOR_PROOF, &id.proof);
+    }
     seg.atomic_u64(OFF_MAGIC).store(MAGIC, Ordering::Release);
 }
 
+/// A header field, once the magic has been seen.
 fn read_u64(seg: &Segment, offset: usize) -> u64 {
     let mut b = [0u8; 8];
-    seg.read(offset, &mut b);
+    // SAFETY: only header fields, written before the magic's release store (acquired by
+    // `inspect` before it reads any) and never written again.
+    unsafe { seg.read(offset, &mut b) };
     u64::from_le_bytes(b)
 }
 
@@ -103,7 +114,8 @@ pub fn inspect(seg: &Segment) -> Result<Option<(usize, Identity)>, String> {
         return Err(format!("bad magic {magic:#x}: not a BCL ring"));
     }
     let mut v = [0u8; 4];
-    seg.read(OFF_VERSION, &mut v);
+    // SAFETY: as in `read_u64`: a header field, published with the magic acquired above.
+    unsafe { seg.read(OFF_VERSION, &mut v) };
     let version = u32::from_le_bytes(v);
     if version != VERSION {
         return Err(format!(
@@ -118,7 +130,8 @@ pub fn inspect(seg: &Segment) -> Result<Option<(usize, Identity)>, String> {
         ));
     }
     let mut proof = [0u8; 32];
-    seg.read(OFF_CREATOR_PROOF, &mut proof);
+    // SAFETY: as in `read_u64`.
+    unsafe { seg.read(OFF_CREATOR_PROOF, &mut proof) };
     Ok(Some((
         capacity,
         Identity {
@@ -145,7 +158,9 @@ impl Producer {
     pub fn attach(seg: Segment, capacity: usize, pid: u32, proof: &[u8; 32]) -> Producer {
         seg.atomic_u64(OFF_PRODUCER_PID)
             .store(u64::from(pid), Ordering::Relaxed);
-        seg.write(OFF_PRODUCER_PROOF, proof);
+        // SAFETY: the producer's own field: the consumer reads it only once it sees
+        // OFF_ATTACHED, stored just after with release.
+        unsafe { seg.write(OFF_PRODUCER_PROOF, proof) };
         seg.atomic_u32(OFF_ATTACHED).store(1, Ordering::Release);
         let tail = seg.atomic_u64(OFF_TAIL).load(Ordering::Relaxed);
         Producer {
@@ -186,7 +201,9 @@ impl Producer {
         header[8..12].copy_from_slice(&(len as u32).to_le_bytes());
         header[12..].copy_from_slice(&flags.to_le_bytes());
         let at = self.tail as usize & (self.capacity - 1);
-        self.seg.write(DATA + at, &header);
+        // SAFETY: at the tail, in free space (the caller checked `room`): the consumer reads
+        // it only after `publish` stores the tail past it, with release.
+        unsafe { self.seg.write(DATA + at, &header) };
     }
 
     /// Write one record (not yet visible to the consumer). The caller checked `room`.
@@ -200,7 +217,8 @@ impl Producer {
         debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
         self.write_header(tag, fragment.len(), if last { FLAG_LAST } else { 0 });
         let at = self.tail as usize & (self.capacity - 1);
-        self.seg.write(DATA + at + RECORD_HEADER, fragment);
+        // SAFETY: as in `write_header`: free space behind the record's header.
+        unsafe { self.seg.write(DATA + at + RECORD_HEADER, fragment) };
         self.tail += size as u64;
         self.unpublished = true;
     }
@@ -293,7 +311,9 @@ impl Consumer {
             .atomic_u64(OFF_PRODUCER_PID)
             .load(Ordering::Relaxed) as u32;
         let mut proof = [0u8; 32];
-        self.seg.read(OFF_PRODUCER_PROOF, &mut proof);
+        // SAFETY: written by the producer before its release store of OFF_ATTACHED, acquired
+        // above; never written again.
+        unsafe { self.seg.read(OFF_PRODUCER_PROOF, &mut proof) };
         Some((pid, proof))
     }
 
@@ -322,7 +342,9 @@ impl Consumer {
             }
             let at = self.head as usize & (self.capacity - 1);
             let mut header = [0u8; RECORD_HEADER];
-            self.seg.read(DATA + at, &mut header);
+            // SAFETY: below the tail acquired above, so published; the producer writes it no
+            // more until this side consumes it (head store).
+            unsafe { self.seg.read(DATA + at, &mut header) };
             let tag = u64::from_le_bytes(header[..8].try_into().unwrap_or_default());
             let len = u32::from_le_bytes(header[8..12].try_into().unwrap_or_default()) as usize;
             let flags = u32::from_le_bytes(header[12..].try_into().unwrap_or_default());
@@ -357,7 +379,9 @@ impl Consumer {
 
     /// The payload of `record` (from [`Consumer::peek`]), in place in the ring.
     pub fn bytes(&self, record: &Record) -> &[u8] {
-        self.seg.slice(record.start, record.len)
+        // SAFETY: a record `peek` found published; it is handed back only by `consume`, which
+        // needs `&mut self` and so cannot run while this borrow lasts.
+        unsafe { self.seg.slice(record.start, record.len) }
     }
 
     /// Free `record` (the one [`Consumer::peek`] returned last).

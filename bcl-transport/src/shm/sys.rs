@@ -140,31 +140,40 @@ impl Segment {
     }
 
     /// Copy `data` into the segment at `offset`.
-    pub fn write(&self, offset: usize, data: &[u8]) {
+    ///
+    /// # Safety
+    /// No other process may read or write the range until this side publishes it (a release
+    /// store the reader acquires): the range is this side's by the ring protocol.
+    pub unsafe fn write(&self, offset: usize, data: &[u8]) {
         let p = self.at(offset, data.len(), 1);
         // SAFETY: the destination range is inside the mapping (checked by `at`) and cannot
-        // overlap `data`, which is this process's own memory outside the mapping or a part of
-        // it the ring protocol gives this side alone; the peer does not read it until the
-        // release store that publishes it.
+        // overlap `data` (this process's memory outside the mapping, or a part of it given to
+        // this side alone); nobody else touches it meanwhile (the caller's contract).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
     }
 
     /// The `len` bytes at `offset`, borrowed in place.
-    pub fn slice(&self, offset: usize, len: usize) -> &[u8] {
+    ///
+    /// # Safety
+    /// The range must have been published to this side (the writer's release store, acquired
+    /// by this side's load) and no process may write it while the borrow lasts: the ring
+    /// protocol hands it back only after the borrow ends.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
         let p = self.at(offset, len, 1);
         // SAFETY: the range is inside the mapping (checked by `at`), which outlives the borrow
-        // of `self`. The ring protocol guarantees the peer does not write the range while it is
-        // borrowed: it was published (release store, acquired by our load) and is handed back
-        // only after the borrow ends, by the consumer's release store of its head.
+        // of `self`; nobody writes it while borrowed (the caller's contract).
         unsafe { std::slice::from_raw_parts(p, len) }
     }
 
     /// Copy `out.len()` bytes from the segment at `offset` into `out`.
-    pub fn read(&self, offset: usize, out: &mut [u8]) {
+    ///
+    /// # Safety
+    /// As for [`Segment::slice`], for the duration of the copy.
+    pub unsafe fn read(&self, offset: usize, out: &mut [u8]) {
         let p = self.at(offset, out.len(), 1);
         // SAFETY: the source range is inside the mapping (checked by `at`); `out` is exclusively
-        // borrowed memory of this process. The ring protocol guarantees the peer no longer
-        // writes the range (published by its release store, acquired by our load).
+        // borrowed memory of this process; nobody writes the range meanwhile (the caller's
+        // contract).
         unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) }
     }
 }

@@ -276,10 +276,14 @@ fn garbage_in_a_ring_is_a_protocol_error() {
     let seg2 = sys::Segment::open(&name).ok().flatten();
     assert!(seg2.is_none(), "the name is gone");
     // The producer claims a record whose length runs past what it published.
-    seg.write(
-        ring::DATA,
-        &[1, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 1, 0, 0, 0],
-    );
+    // SAFETY: this test is the only user of the segment (its name is gone).
+    #[allow(unsafe_code)]
+    unsafe {
+        seg.write(
+            ring::DATA,
+            &[1, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 1, 0, 0, 0],
+        )
+    };
     seg.atomic_u64(128)
         .store(32, std::sync::atomic::Ordering::Release);
     let mut c = Consumer::new(seg, cap);

@@ -682,14 +682,23 @@ impl Region {
         unsafe { (*self.mr).lkey }
     }
 
-    /// Bytes `range` of the region. For memory the remote side writes, see the module's
-    /// contract: only after the completion that announced them.
-    pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+    /// Bytes `range` of the region.
+    ///
+    /// # Safety
+    /// Where the peer writes this region (RDMA WRITE), the range must be one that a completion
+    /// has announced and that the peer does not write again before the borrow ends (the
+    /// credit protocol hands a slot back only after its reader is done): the NIC writes the
+    /// memory behind Rust's back.
+    pub unsafe fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
         &self.memory[range]
     }
 
     /// Bytes `range` to fill before posting a write from them.
-    pub fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+    ///
+    /// # Safety
+    /// No posted work request may still read the range (its completion has been polled): the
+    /// NIC reads the memory behind Rust's back until then.
+    pub unsafe fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
         &mut self.memory[range]
     }
 }
@@ -804,7 +813,13 @@ impl QueuePair {
 
     /// Post an RDMA WRITE with immediate of `local` bytes (region, offset, length; `None`: a
     /// zero-length write) to `remote_addr` under `rkey`, signaled, with `wr_id`.
-    pub fn post_write_with_imm(
+    ///
+    /// # Safety
+    /// Until this request's completion is polled, the local bytes must stay registered (the
+    /// region alive) and unwritten; `remote_addr .. + length` must lie in memory the peer
+    /// registered under `rkey` and gave this side to write (a free slot of its ring, by the
+    /// credit protocol). The NIC reads and writes those bytes behind Rust's back.
+    pub unsafe fn post_write_with_imm(
         &self,
         wr_id: u64,
         local: Option<(&Region, usize, usize)>,

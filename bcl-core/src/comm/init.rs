@@ -289,22 +289,20 @@ fn directory_store(rank: usize, dir: &Path, config: &CommConfig) -> Result<(File
     Ok((store, secret))
 }
 
-/// Open the device, the transport endpoint and the health channel, rendezvous, connect, and
-/// start the progress thread.
-fn assemble(
-    rank: usize,
-    world: usize,
-    store: &dyn Store,
-    secret: Secret,
-    builder: CommBuilder,
-) -> Result<Communicator> {
+/// What a rank opens before it meets the others: its device, its transport endpoint (whose
+/// address it publishes) and its health channel.
+struct Opened {
+    accelerator: Arc<dyn Accelerator>,
+    endpoint: links::Endpoint,
+    health: Health,
+}
+
+fn open(rank: usize, secret: Secret, builder: CommBuilder) -> Result<(CommConfig, Opened)> {
     let CommBuilder {
         config,
         accelerator,
         transport,
     } = builder;
-    let started = Instant::now();
-    let deadline = started + config.init_timeout;
     let accelerator = match accelerator {
         Some(a) => a,
         None => open_device(
@@ -326,6 +324,30 @@ fn assemble(
                 reason: format!("cannot start the health channel on {}: {e}", config.bind_ip),
             }
         })?;
+    let opened = Opened {
+        accelerator,
+        endpoint,
+        health,
+    };
+    Ok((config, opened))
+}
+
+/// Open the providers, rendezvous, connect, and start the progress thread.
+fn assemble(
+    rank: usize,
+    world: usize,
+    store: &dyn Store,
+    secret: Secret,
+    builder: CommBuilder,
+) -> Result<Communicator> {
+    let started = Instant::now();
+    let (config, opened) = open(rank, secret, builder)?;
+    let deadline = started + config.init_timeout;
+    let Opened {
+        accelerator,
+        endpoint,
+        health,
+    } = opened;
     let me = RankInfo {
         rank,
         hostname: hostname(),
@@ -366,10 +388,15 @@ fn assemble(
         op_timeout_ms: AtomicU64::new(op_timeout_ms),
         clock: WallClock,
     });
+    start_progress(shared)
+}
+
+/// The progress thread that runs the communicator's queued device jobs.
+fn start_progress(shared: Arc<Shared>) -> Result<Communicator> {
     let (tx, rx) = crossbeam::channel::unbounded();
     let worker = shared.clone();
     let progress = std::thread::Builder::new()
-        .name(format!("bcl-progress-{rank}"))
+        .name(format!("bcl-progress-{}", shared.rank))
         .spawn(move || progress_loop(worker, rx))
         .map_err(|e| Error::Internal(format!("cannot start the progress thread: {e}")))?;
     Ok(Communicator {

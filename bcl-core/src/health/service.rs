@@ -77,9 +77,10 @@ impl Link {
     }
 }
 
-/// The health thread's loop, until shutdown.
+/// The health thread's loop, until shutdown: take new connections and links, flood
+/// verdicts, send heartbeats and read every link, close the slow-node window, then sleep
+/// until something is due.
 pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram) {
-    let heartbeat = inner.config.heartbeat;
     let mut links: Vec<Link> = Vec::new();
     let mut next_window = Instant::now() + inner.config.window;
     loop {
@@ -87,70 +88,15 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
             say_goodbye(&inner, links);
             return;
         }
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    let inner2 = inner.clone();
-                    spawn_helper(&inner, "accept", move || handshake(&inner2, stream, from));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::debug!(rank = inner.rank, "health accept failed: {e}");
-                    break;
-                }
-            }
-        }
-        let now = Instant::now();
-        for (peer, stream) in inner.new_links.lock().drain(..) {
-            links.push(Link {
-                peer,
-                stream,
-                reader: FrameReader::default(),
-                unsent: Vec::new(),
-                last_heard: now,
-                last_sent: now - heartbeat,
-                suspected: false,
-                said_goodbye: false,
-            });
-        }
+        accept(&inner, &listener);
+        adopt_new_links(&inner, &mut links);
         let flood: Vec<(Verdict, Option<usize>)> = std::mem::take(&mut *inner.to_flood.lock());
         for (verdict, from) in &flood {
             for link in links.iter_mut().filter(|l| Some(l.peer) != *from) {
                 link.queue(&Message::Verdict(verdict.clone()));
             }
         }
-        let state = links
-            .iter()
-            .any(|l| now.duration_since(l.last_sent) >= heartbeat)
-            .then(|| inner.state());
-        let mut closed = Vec::new();
-        for (i, link) in links.iter_mut().enumerate() {
-            if let Some(state) = &state
-                && now.duration_since(link.last_sent) >= heartbeat
-            {
-                link.queue(&Message::Heartbeat(state.clone()));
-                link.last_sent = now;
-            }
-            let outcome = link
-                .flush()
-                .and_then(|()| link.reader.fill(&mut link.stream))
-                .and_then(|open| {
-                    while let Some(message) = link.reader.next_message()? {
-                        on_message(&inner, link, message);
-                    }
-                    Ok(open)
-                });
-            match outcome {
-                Ok(true) => {}
-                Ok(false) => closed.push((i, "connection closed".to_string())),
-                Err(e) => closed.push((i, e.to_string())),
-            }
-            let silent = link.last_heard.elapsed();
-            if !link.suspected && !link.said_goodbye && silent > inner.config.hang_timeout {
-                link.suspected = true;
-                suspect(&inner, link.peer, Symptom::Silent(silent));
-            }
-        }
+        let closed = service_links(&inner, &mut links);
         if Instant::now() >= next_window {
             next_window = Instant::now() + inner.config.window;
             if inner.peers().len() > 1 {
@@ -163,33 +109,117 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
                 suspect(&inner, link.peer, Symptom::ConnectionLost(reason));
             }
         }
-        // Sleep until a connection, a message, a wake-up, or the next heartbeat or silence
-        // deadline: an idle rank's health thread wakes a few times per heartbeat at most.
-        let now = Instant::now();
-        let next = links
-            .iter()
-            .flat_map(|l| {
-                let silence = (!l.suspected && !l.said_goodbye)
-                    .then(|| l.last_heard + inner.config.hang_timeout);
-                std::iter::once(l.last_sent + heartbeat).chain(silence)
-            })
-            .min()
-            .map_or(heartbeat, |t| t.saturating_duration_since(now));
-        let mut timeout = next
-            .min(next_window.saturating_duration_since(now))
-            .clamp(Duration::from_millis(1), heartbeat);
-        if links.iter().any(|l| !l.unsent.is_empty()) {
-            timeout = timeout.min(Duration::from_millis(5));
-        }
-        let mut sources = vec![listener.as_fd(), woken.as_fd()];
-        sources.extend(links.iter().map(|l| l.stream.as_fd()));
-        if let Err(e) = wait_readable(&sources, timeout) {
-            tracing::debug!(rank = inner.rank, "health poll failed: {e}");
-            std::thread::sleep(timeout);
-        }
-        let mut drain = [0u8; 64];
-        while woken.recv(&mut drain).is_ok() {}
+        sleep(&inner, &links, &listener, &woken, next_window);
     }
+}
+
+/// Hand every connection waiting on the listener to a helper that authenticates it.
+fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
+    loop {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                let inner2 = inner.clone();
+                spawn_helper(inner, "accept", move || handshake(&inner2, stream, from));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::debug!(rank = inner.rank, "health accept failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Take the neighbour connections other threads made (the successor `watch` dialled, the
+/// predecessor's that a helper accepted).
+fn adopt_new_links(inner: &Inner, links: &mut Vec<Link>) {
+    let now = Instant::now();
+    for (peer, stream) in inner.new_links.lock().drain(..) {
+        links.push(Link {
+            peer,
+            stream,
+            reader: FrameReader::default(),
+            unsent: Vec::new(),
+            last_heard: now,
+            last_sent: now - inner.config.heartbeat,
+            suspected: false,
+            said_goodbye: false,
+        });
+    }
+}
+
+/// Heartbeat every link that is due, write what is queued, read and handle what arrived, and
+/// suspect a neighbour silent for the hang timeout. Returns the links that closed (index,
+/// why).
+fn service_links(inner: &Arc<Inner>, links: &mut [Link]) -> Vec<(usize, String)> {
+    let (now, heartbeat) = (Instant::now(), inner.config.heartbeat);
+    let state = (links.iter())
+        .any(|l| now.duration_since(l.last_sent) >= heartbeat)
+        .then(|| inner.state());
+    let mut closed = Vec::new();
+    for (i, link) in links.iter_mut().enumerate() {
+        if let Some(state) = &state
+            && now.duration_since(link.last_sent) >= heartbeat
+        {
+            link.queue(&Message::Heartbeat(state.clone()));
+            link.last_sent = now;
+        }
+        let outcome = link
+            .flush()
+            .and_then(|()| link.reader.fill(&mut link.stream))
+            .and_then(|open| {
+                while let Some(message) = link.reader.next_message()? {
+                    on_message(inner, link, message);
+                }
+                Ok(open)
+            });
+        match outcome {
+            Ok(true) => {}
+            Ok(false) => closed.push((i, "connection closed".to_string())),
+            Err(e) => closed.push((i, e.to_string())),
+        }
+        let silent = link.last_heard.elapsed();
+        if !link.suspected && !link.said_goodbye && silent > inner.config.hang_timeout {
+            link.suspected = true;
+            suspect(inner, link.peer, Symptom::Silent(silent));
+        }
+    }
+    closed
+}
+
+/// Sleep until a connection, a message, a wake-up, or the next heartbeat, silence deadline or
+/// window: an idle rank's health thread wakes a few times per heartbeat at most.
+fn sleep(
+    inner: &Inner,
+    links: &[Link],
+    listener: &TcpListener,
+    woken: &UnixDatagram,
+    next_window: Instant,
+) {
+    let (now, heartbeat) = (Instant::now(), inner.config.heartbeat);
+    let next = links
+        .iter()
+        .flat_map(|l| {
+            let silence =
+                (!l.suspected && !l.said_goodbye).then(|| l.last_heard + inner.config.hang_timeout);
+            std::iter::once(l.last_sent + heartbeat).chain(silence)
+        })
+        .min()
+        .map_or(heartbeat, |t| t.saturating_duration_since(now));
+    let mut timeout = next
+        .min(next_window.saturating_duration_since(now))
+        .clamp(Duration::from_millis(1), heartbeat);
+    if links.iter().any(|l| !l.unsent.is_empty()) {
+        timeout = timeout.min(Duration::from_millis(5));
+    }
+    let mut sources = vec![listener.as_fd(), woken.as_fd()];
+    sources.extend(links.iter().map(|l| l.stream.as_fd()));
+    if let Err(e) = wait_readable(&sources, timeout) {
+        tracing::debug!(rank = inner.rank, "health poll failed: {e}");
+        std::thread::sleep(timeout);
+    }
+    let mut drain = [0u8; 64];
+    while woken.recv(&mut drain).is_ok() {}
 }
 
 /// Pass on the last verdicts, say goodbye, and close each link gracefully: our side first,

@@ -44,33 +44,130 @@ fn blocks(count: usize, q: usize, lo: usize, hi: usize) -> (usize, usize) {
     (start, end - start)
 }
 
-/// Send `from` to `peer` and receive the same-sized pieces of `into` from it, under tags
-/// `tag_base + piece`. `seed`: where `into` is set from before the first reduction.
-#[allow(clippy::too_many_arguments)]
-fn swap(
-    b: &mut PlanBuilder,
+/// One exchange with a peer: `from` is sent, `into` received in the same pieces, under tags
+/// `tag + piece`; `seed`: where `into` is set from before the first reduction.
+struct Swap {
     peer: usize,
-    tag_base: u32,
+    tag: u32,
     from: Option<Region>,
     into: Option<Region>,
     reduce: bool,
     seed: Option<BufferId>,
+}
+
+impl Swap {
+    fn push(self, b: &mut PlanBuilder, slice: usize) {
+        for (i, piece) in self.from.into_iter().flat_map(|r| pieces(r, slice)) {
+            b.push(Action::Send {
+                peer: self.peer,
+                tag: self.tag + i,
+                from: piece,
+            });
+        }
+        for (i, piece) in self.into.into_iter().flat_map(|r| pieces(r, slice)) {
+            b.push(Action::Recv {
+                peer: self.peer,
+                tag: self.tag + i,
+                into: piece,
+                reduce: self.reduce,
+                seed: self.seed.map(|s| Region::new(s, piece.offset, piece.len)),
+            });
+        }
+    }
+}
+
+/// What every phase of one rank's plan shares.
+struct Phases {
+    pairing: Pairing,
+    /// Active ranks (a power of two), and log2 of it.
+    q: usize,
+    k: usize,
+    count: usize,
     slice: usize,
-) {
-    for (i, piece) in from.into_iter().flat_map(|r| pieces(r, slice)) {
-        b.push(Action::Send {
-            peer,
-            tag: tag_base + i,
-            from: piece,
+    /// Tags a phase may use: one per piece.
+    per_phase: u32,
+}
+
+impl Phases {
+    /// The first tag of `phase`: 0 the pairing, 1..=k halving, k+1..=2k doubling, 2k+1 the
+    /// result's return.
+    fn tag(&self, phase: usize) -> u32 {
+        phase as u32 * self.per_phase
+    }
+
+    fn whole(&self, buffer: BufferId) -> Region {
+        Region::new(buffer, 0, self.count)
+    }
+
+    fn blocks(&self, range: (usize, usize)) -> (usize, usize) {
+        blocks(self.count, self.q, range.0, range.1)
+    }
+
+    /// Reduce-scatter by recursive halving: active rank `me` ends holding its block (the
+    /// returned block range) fully reduced in `Output`.
+    fn halve(&self, b: &mut PlanBuilder, me: usize, mut source: BufferId) -> (usize, usize) {
+        let (mut lo, mut hi) = (0, self.q);
+        for step in 0..self.k {
+            let mask = self.q >> (step + 1);
+            let mid = (lo + hi) / 2;
+            let (keep, give) = if me & mask == 0 {
+                ((lo, mid), (mid, hi))
+            } else {
+                ((mid, hi), (lo, mid))
+            };
+            let ((go, gl), (ko, kl)) = (self.blocks(give), self.blocks(keep));
+            Swap {
+                peer: self.pairing.rank_of(me ^ mask),
+                tag: self.tag(1 + step),
+                from: Some(Region::new(source, go, gl)),
+                into: Some(Region::new(Output, ko, kl)),
+                reduce: true,
+                seed: (source == Input).then_some(Input),
+            }
+            .push(b, self.slice);
+            source = Output;
+            (lo, hi) = keep;
+        }
+        (lo, hi)
+    }
+
+    /// Allgather by recursive doubling, from block range `lo..hi` held by active rank `me`.
+    fn double(&self, b: &mut PlanBuilder, me: usize, (mut lo, mut hi): (usize, usize)) {
+        for step in 0..self.k {
+            let mask = 1 << step;
+            let width = hi - lo;
+            let theirs = if me & mask == 0 {
+                (hi, hi + width)
+            } else {
+                (lo - width, lo)
+            };
+            let ((mo, ml), (to, tl)) = (self.blocks((lo, hi)), self.blocks(theirs));
+            Swap {
+                peer: self.pairing.rank_of(me ^ mask),
+                tag: self.tag(1 + self.k + step),
+                from: Some(Region::new(Output, mo, ml)),
+                into: Some(Region::new(Output, to, tl)),
+                reduce: false,
+                seed: None,
+            }
+            .push(b, self.slice);
+            (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
+        }
+    }
+}
+
+/// One rank alone: the output is the input (divided by one, for avg).
+fn alone(b: &mut PlanBuilder, count: usize, in_place: bool, reduction: Reduction) {
+    let whole = |buffer| Region::new(buffer, 0, count);
+    if !in_place {
+        b.push(Action::Copy {
+            from: whole(Input),
+            to: whole(Output),
         });
     }
-    for (i, piece) in into.into_iter().flat_map(|r| pieces(r, slice)) {
-        b.push(Action::Recv {
-            peer,
-            tag: tag_base + i,
-            into: piece,
-            reduce,
-            seed: seed.map(|s| Region::new(s, piece.offset, piece.len)),
+    if reduction.average {
+        b.push(Action::Divide {
+            region: whole(Output),
         });
     }
 }
@@ -84,133 +181,72 @@ pub(crate) fn allreduce(
     slice: usize,
 ) {
     let (n, rank) = (layout.world(), layout.rank());
-    let whole = |buffer| Region::new(buffer, 0, count);
-    // Where this rank's own data is until its first reduction writes the output.
-    let mut source = if in_place { Output } else { Input };
     if n == 1 {
-        if !in_place {
-            b.push(Action::Copy {
-                from: whole(Input),
-                to: whole(Output),
-            });
-        }
-        if reduction.average {
-            b.push(Action::Divide {
-                region: whole(Output),
-            });
-        }
-        return;
+        return alone(b, count, in_place, reduction);
     }
     if count == 0 {
         return;
     }
     let pairing = Pairing::new(n);
-    let (q, k) = (pairing.q, pairing.q.trailing_zeros() as usize);
-    // Tags: phase 0 the pairing, 1..=k halving, k+1..=2k doubling, 2k+1 the result's return;
-    // within a phase, one per piece (at most `per_phase`).
-    let per_phase = count.div_ceil(slice.max(1)).max(1) as u32;
-    let tag = |phase: usize| phase as u32 * per_phase;
-    let seed_of = |source: BufferId| (source == Input).then_some(Input);
+    let phases = Phases {
+        q: pairing.q,
+        k: pairing.q.trailing_zeros() as usize,
+        pairing,
+        count,
+        slice,
+        per_phase: count.div_ceil(slice.max(1)).max(1) as u32,
+    };
+    // Where this rank's own data is until its first reduction writes the output.
+    let source = if in_place { Output } else { Input };
+    let exchange = |peer, phase, from, into, reduce, seed| Swap {
+        peer,
+        tag: phases.tag(phase),
+        from,
+        into,
+        reduce,
+        seed,
+    };
+    let result_phase = 2 * phases.k + 1;
     // The even rank of a pair hands its data over and gets the result back.
-    let Some(me) = pairing.active(rank) else {
-        swap(
-            b,
+    let Some(me) = phases.pairing.active(rank) else {
+        exchange(rank + 1, 0, Some(phases.whole(source)), None, true, None).push(b, slice);
+        exchange(
             rank + 1,
-            tag(0),
-            Some(whole(source)),
+            result_phase,
             None,
-            true,
-            None,
-            slice,
-        );
-        swap(
-            b,
-            rank + 1,
-            tag(2 * k + 1),
-            None,
-            Some(whole(Output)),
+            Some(phases.whole(Output)),
             false,
             None,
-            slice,
-        );
+        )
+        .push(b, slice);
         return;
     };
     // The odd rank of a pair takes over its even partner's data.
-    if pairing.paired(rank) {
-        swap(
-            b,
-            rank - 1,
-            tag(0),
-            None,
-            Some(whole(Output)),
-            true,
-            seed_of(source),
-            slice,
-        );
-        source = Output;
-    }
-    let (mut lo, mut hi) = (0, q);
-    for step in 0..k {
-        let mask = q >> (step + 1);
-        let mid = (lo + hi) / 2;
-        let (keep, give) = if me & mask == 0 {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
-        let (go, gl) = blocks(count, q, give.0, give.1);
-        let (ko, kl) = blocks(count, q, keep.0, keep.1);
-        swap(
-            b,
-            pairing.rank_of(me ^ mask),
-            tag(1 + step),
-            Some(Region::new(source, go, gl)),
-            Some(Region::new(Output, ko, kl)),
-            true,
-            seed_of(source),
-            slice,
-        );
-        source = Output;
-        (lo, hi) = keep;
-    }
+    let paired = phases.pairing.paired(rank);
+    let source = if paired {
+        let seed = (source == Input).then_some(Input);
+        exchange(rank - 1, 0, None, Some(phases.whole(Output)), true, seed).push(b, slice);
+        Output
+    } else {
+        source
+    };
+    let mine = phases.halve(b, me, source);
     if reduction.average {
-        let (o, l) = blocks(count, q, lo, hi);
+        let (o, l) = phases.blocks(mine);
         for (_, region) in pieces(Region::new(Output, o, l), slice) {
             b.push(Action::Divide { region });
         }
     }
-    for step in 0..k {
-        let mask = 1 << step;
-        let width = hi - lo;
-        let theirs = if me & mask == 0 {
-            (hi, hi + width)
-        } else {
-            (lo - width, lo)
-        };
-        let (mo, ml) = blocks(count, q, lo, hi);
-        let (to, tl) = blocks(count, q, theirs.0, theirs.1);
-        swap(
-            b,
-            pairing.rank_of(me ^ mask),
-            tag(1 + k + step),
-            Some(Region::new(Output, mo, ml)),
-            Some(Region::new(Output, to, tl)),
-            false,
-            None,
-            slice,
-        );
-        (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
-    }
-    if pairing.paired(rank) {
-        swap(
-            b,
+    phases.double(b, me, mine);
+    if paired {
+        exchange(
             rank - 1,
-            tag(2 * k + 1),
-            Some(whole(Output)),
+            result_phase,
+            Some(phases.whole(Output)),
             None,
             false,
             None,
-            slice,
-        );
+        )
+        .push(b, slice);
     }
 }

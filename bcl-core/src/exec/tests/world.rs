@@ -136,163 +136,180 @@ pub fn run_mixed(cases: &[&Case], seed: u64) -> Outcome {
 }
 
 fn run_ranks(cases: &[&Case], seed: u64, faults: Faults, stalled: Option<usize>) -> Outcome {
-    let case = cases[0];
-    let n = case.world;
+    let n = cases[0].world;
     let mut rng = Rng::new(seed);
     let clock = Arc::new(VirtualClock::new());
     let net = Net::new(n, seed, faults, clock.clone());
-    let start: Vec<Vec<u8>> = (0..n)
-        .map(|r| inputs(cases[r], seed).swap_remove(r))
-        .collect();
     let devices: Vec<Arc<dyn Accelerator>> = (0..n)
         .map(|r| -> Arc<dyn Accelerator> {
-            if case.on_device[r] {
+            if cases[0].on_device[r] {
                 Arc::new(SimDevice::new(r as u32, SimConfig::default()))
             } else {
                 Arc::new(CpuDevice::new(r as u32))
             }
         })
         .collect();
-    let plans: Vec<Plan> = (0..n)
-        .map(|r| (r, cases[r]))
-        .map(|(r, case)| match rank_collective(case, r) {
-            Some(c) => {
-                let layout = Layout::new(r, case.ring.clone()).expect("a permutation");
-                build_plan(
-                    c,
-                    case.algorithm,
-                    &layout,
-                    case.count,
-                    case.in_place,
-                    case.slice_elems,
-                )
-            }
-            None => Plan::default(),
-        })
-        .collect();
-    let esize = case.dtype.size();
+    let plans: Vec<Plan> = (0..n).map(|r| plan(cases[r], r)).collect();
     let mut memory: Vec<RankMemory> = (0..n)
         .map(|r| {
-            let case = cases[r];
-            let out_elems = rank_collective(case, r)
-                .map(|c| c.buffer_elems(case.count, n, r).1.unwrap_or(0))
-                .unwrap_or(0);
-            let (input, output) = if case.in_place {
-                (Vec::new(), start[r].clone())
-            } else {
-                (start[r].clone(), vec![0u8; out_elems * esize])
-            };
-            let scratch = vec![0u8; plans[r].scratch_elems * esize];
-            let device = case.on_device[r].then(|| {
-                let acc = &devices[r];
-                let up = |bytes: &[u8]| {
-                    let b = acc.allocate(bytes.len()).expect("allocate");
-                    acc.copy_to_device(b.full(), bytes, &acc.default_stream())
-                        .expect("h2d");
-                    b
-                };
-                (
-                    (!case.in_place).then(|| up(&input)),
-                    up(&output),
-                    up(&scratch),
-                )
-            });
-            RankMemory {
-                input,
-                output,
-                scratch,
-                device,
-            }
+            let start = inputs(cases[r], seed).swap_remove(r);
+            RankMemory::new(cases[r], r, start, &plans[r], devices[r].as_ref())
         })
         .collect();
-    let outcome = drive(
-        cases,
-        &plans,
-        &devices,
-        &mut memory,
-        &net,
-        clock.as_ref(),
-        &mut rng,
-        stalled,
-    );
-    let outputs = memory
-        .iter_mut()
-        .zip(&devices)
-        .map(|(m, acc)| {
-            if let Some((_, out, _)) = &m.device {
-                acc.copy_to_host(&mut m.output, out.full(), &acc.default_stream())
-                    .expect("d2h");
-            }
-            std::mem::take(&mut m.output)
+    let mut nodes: Vec<Node<'_>> = (memory.iter_mut().enumerate())
+        .map(|(r, m)| {
+            Node::new(
+                cases[r],
+                r,
+                m,
+                &plans[r],
+                devices[r].as_ref(),
+                clock.as_ref(),
+                &net,
+            )
         })
+        .collect();
+    let outcome = drive(&mut nodes, &net, clock.as_ref(), &mut rng, stalled);
+    drop(nodes);
+    let outputs = (memory.iter_mut().zip(&devices))
+        .map(|(m, acc)| m.output_bytes(acc.as_ref()))
         .collect();
     Outcome { outputs, ..outcome }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Rank `r`'s plan for `case`.
+fn plan(case: &Case, r: usize) -> Plan {
+    match rank_collective(case, r) {
+        Some(c) => {
+            let layout = Layout::new(r, case.ring.clone()).expect("a permutation");
+            build_plan(
+                c,
+                case.algorithm,
+                &layout,
+                case.count,
+                case.in_place,
+                case.slice_elems,
+            )
+        }
+        None => Plan::default(),
+    }
+}
+
+impl RankMemory {
+    /// Rank `r`'s buffers, starting with `start`, on `device` where the case says.
+    fn new(case: &Case, r: usize, start: Vec<u8>, plan: &Plan, device: &dyn Accelerator) -> Self {
+        let esize = case.dtype.size();
+        let out_elems = rank_collective(case, r)
+            .map(|c| c.buffer_elems(case.count, case.world, r).1.unwrap_or(0))
+            .unwrap_or(0);
+        let (input, output) = if case.in_place {
+            (Vec::new(), start)
+        } else {
+            (start, vec![0u8; out_elems * esize])
+        };
+        let scratch = vec![0u8; plan.scratch_elems * esize];
+        let up = |bytes: &[u8]| {
+            let b = device.allocate(bytes.len()).expect("allocate");
+            device
+                .copy_to_device(b.full(), bytes, &device.default_stream())
+                .expect("h2d");
+            b
+        };
+        let on_device = case.on_device[r].then(|| {
+            (
+                (!case.in_place).then(|| up(&input)),
+                up(&output),
+                up(&scratch),
+            )
+        });
+        RankMemory {
+            input,
+            output,
+            scratch,
+            device: on_device,
+        }
+    }
+
+    /// The output buffer's bytes, from the device where they live there.
+    fn output_bytes(&mut self, device: &dyn Accelerator) -> Vec<u8> {
+        if let Some((_, out, _)) = &self.device {
+            (device.copy_to_host(&mut self.output, out.full(), &device.default_stream()))
+                .expect("d2h");
+        }
+        std::mem::take(&mut self.output)
+    }
+}
+
+/// One rank of the world: its executor, memory, operation and network end.
+struct Node<'a> {
+    exec: Executor<'a>,
+    bindings: Bindings<'a>,
+    ctx: OpContext<'a>,
+    endpoint: super::fabric::Endpoint,
+}
+
+impl<'a> Node<'a> {
+    fn new(
+        case: &Case,
+        r: usize,
+        m: &'a mut RankMemory,
+        plan: &'a Plan,
+        device: &'a dyn Accelerator,
+        clock: &'a VirtualClock,
+        net: &Net,
+    ) -> Self {
+        let collective = rank_collective(case, r).unwrap_or(Collective::Barrier);
+        let bindings = match &m.device {
+            Some((input, output, scratch)) => Bindings {
+                input: input.as_ref().map(Memory::Device),
+                output: Some(Memory::Device(output)),
+                scratch: Some(Memory::Device(scratch)),
+            },
+            None => Bindings {
+                input: (!case.in_place).then_some(Memory::HostRead(&m.input[..])),
+                output: Some(Memory::HostWrite(&mut m.output[..])),
+                scratch: Some(Memory::HostWrite(&mut m.scratch[..])),
+            },
+        };
+        let signature = Signature {
+            seq: 1,
+            collective,
+            count: case.count as u64,
+            dtype: case.dtype,
+        };
+        let ctx = OpContext {
+            tag_base: tag_base(1, collective.is_point_to_point()),
+            dtype: case.dtype,
+            op: collective
+                .reduce_op()
+                .unwrap_or(ReduceOp::Sum)
+                .accumulate_op(),
+            world: case.world,
+            accelerator: device,
+            stream: device.default_stream(),
+            rank: r,
+            signature,
+            clock,
+        };
+        Node {
+            exec: Executor::new(plan, case.world, clock.now()),
+            bindings,
+            ctx,
+            endpoint: net.endpoint(r),
+        }
+    }
+}
+
+/// Poll the ranks in an order drawn from `rng` until every one is done or failed, or nothing
+/// can move any more (no rank moved and no message is in flight); `stalled` never polls.
 fn drive(
-    cases: &[&Case],
-    plans: &[Plan],
-    devices: &[Arc<dyn Accelerator>],
-    memory: &mut [RankMemory],
+    nodes: &mut [Node<'_>],
     net: &Net,
     clock: &VirtualClock,
     rng: &mut Rng,
     stalled: Option<usize>,
 ) -> Outcome {
-    let n = cases[0].world;
-    struct Node<'a> {
-        exec: Executor<'a>,
-        bindings: Bindings<'a>,
-        ctx: OpContext<'a>,
-        endpoint: super::fabric::Endpoint,
-    }
-    let mut nodes: Vec<Node<'_>> = memory
-        .iter_mut()
-        .enumerate()
-        .map(|(r, m)| {
-            let case = cases[r];
-            let collective = rank_collective(case, r).unwrap_or(Collective::Barrier);
-            let bindings = match &m.device {
-                Some((input, output, scratch)) => Bindings {
-                    input: input.as_ref().map(Memory::Device),
-                    output: Some(Memory::Device(output)),
-                    scratch: Some(Memory::Device(scratch)),
-                },
-                None => Bindings {
-                    input: (!case.in_place).then_some(Memory::HostRead(&m.input[..])),
-                    output: Some(Memory::HostWrite(&mut m.output[..])),
-                    scratch: Some(Memory::HostWrite(&mut m.scratch[..])),
-                },
-            };
-            let signature = Signature {
-                seq: 1,
-                collective,
-                count: case.count as u64,
-                dtype: case.dtype,
-            };
-            let ctx = OpContext {
-                tag_base: tag_base(1, collective.is_point_to_point()),
-                dtype: case.dtype,
-                op: collective
-                    .reduce_op()
-                    .unwrap_or(ReduceOp::Sum)
-                    .accumulate_op(),
-                world: n,
-                accelerator: devices[r].as_ref(),
-                stream: devices[r].default_stream(),
-                rank: r,
-                signature,
-                clock,
-            };
-            Node {
-                exec: Executor::new(&plans[r], n, clock.now()),
-                bindings,
-                ctx,
-                endpoint: net.endpoint(r),
-            }
-        })
-        .collect();
+    let n = nodes.len();
     let mut done = vec![false; n];
     let mut errors: Vec<Option<ExecError>> = (0..n).map(|_| None).collect();
     let mut order: Vec<usize> = (0..n).filter(|r| Some(*r) != stalled).collect();
@@ -314,9 +331,7 @@ fn drive(
                     moved = true;
                 }
             }
-            if node.exec.is_done() {
-                done[r] = true;
-            }
+            done[r] = node.exec.is_done();
         }
         if order.iter().all(|&r| done[r] || errors[r].is_some()) {
             break;

@@ -1,0 +1,226 @@
+//! The state the health thread, its helpers and the communicator share: the peers and the
+//! ring, the verdict in force, what the data path publishes about its operations, and the
+//! slow-node windows; with the steps that act on it (accepting and spreading a verdict,
+//! closing a window, the JSON report).
+
+use super::recorder::{self, FlightRecorder, OpRecord};
+use super::service;
+use super::slow;
+use super::verdict::Verdict;
+use super::wire::{self, RankState};
+use crate::config::HealthConfig;
+use crate::peers::RankInfo;
+use crate::signature::Signature;
+use bcl_transport::Secret;
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What the data path publishes about its operations.
+pub(super) struct OpLog {
+    pub(super) started: u32,
+    pub(super) completed: u32,
+    pub(super) current: Option<Signature>,
+    pub(super) waiting_on: Vec<u32>,
+    pub(super) recorder: FlightRecorder,
+    /// What a stall investigation found about the peers of the current operation.
+    pub(super) notes: Vec<String>,
+}
+
+/// State shared by the health thread, its helpers and the communicator.
+pub(crate) struct Inner {
+    pub(super) rank: usize,
+    pub(super) secret: Secret,
+    pub(super) config: HealthConfig,
+    /// How long one probe (connect, authenticate, answer) may take.
+    pub(super) probe_timeout: Duration,
+    pub(super) peers: OnceLock<Vec<RankInfo>>,
+    pub(super) ring: OnceLock<Vec<usize>>,
+    pub(super) faulted: AtomicBool,
+    pub(super) verdict: Mutex<Option<Verdict>>,
+    /// Verdicts the health thread must pass on along the ring (and the rank they came from).
+    pub(super) to_flood: Mutex<Vec<(Verdict, Option<usize>)>>,
+    /// Neighbour connections handed to the health thread.
+    pub(super) new_links: Mutex<Vec<(usize, std::net::TcpStream)>>,
+    /// Ranks that said goodbye (destroyed their communicator).
+    pub(super) departed: Mutex<Vec<usize>>,
+    pub(super) ops: Mutex<OpLog>,
+    pub(super) stop: AtomicBool,
+    pub(super) helpers: AtomicUsize,
+    pub(super) created: Instant,
+    /// Wakes the health thread when another thread hands it work (links, verdicts, stop).
+    pub(super) waker: UnixDatagram,
+    /// Slow-node measurements of the current window, the detector (rank 0), and the latest
+    /// summary (every rank; from rank 0).
+    pub(super) window: Mutex<slow::Window>,
+    pub(super) detector: Mutex<Option<slow::Detector>>,
+    pub(super) summary: Mutex<slow::Summary>,
+}
+
+impl Inner {
+    /// Close the current slow-node window: rank 0 evaluates it with what the others sent;
+    /// the others send theirs to rank 0 (on a helper) and keep the summary it answers.
+    pub(super) fn close_window(self: &Arc<Self>) {
+        let window = {
+            let mut w = self.window.lock();
+            std::mem::replace(&mut *w, slow::Window::new(self.rank as u32))
+        };
+        if self.rank == 0 {
+            let mut detector = self.detector.lock();
+            let Some(d) = detector.as_mut() else { return };
+            d.add(window);
+            for line in d.evaluate() {
+                tracing::warn!(rank = self.rank, "{line}");
+            }
+            *self.summary.lock() = d.summary().clone();
+            return;
+        }
+        let Some(addr) = self.health_address(0) else {
+            return;
+        };
+        let inner = self.clone();
+        service::spawn_helper(self, "report", move || {
+            let exchange = wire::dial(
+                addr,
+                &inner.secret,
+                inner.rank,
+                wire::Purpose::Report,
+                inner.probe_timeout,
+            )
+            .and_then(|mut s| {
+                wire::send(&mut s, &wire::Message::Window(window))?;
+                wire::receive(&mut s)
+            });
+            match exchange {
+                Ok(wire::Message::Summary(summary)) => *inner.summary.lock() = summary,
+                Ok(other) => {
+                    tracing::debug!(rank = inner.rank, "rank 0 answered a report with {other:?}")
+                }
+                Err(e) => tracing::debug!(rank = inner.rank, "cannot report to rank 0: {e}"),
+            }
+        });
+    }
+
+    /// A window from another rank (rank 0 only); returns the current summary.
+    pub(super) fn take_window(&self, window: slow::Window) -> slow::Summary {
+        if let Some(d) = self.detector.lock().as_mut() {
+            d.add(window);
+        }
+        self.summary.lock().clone()
+    }
+
+    /// Make the health thread look at its queues now.
+    pub(super) fn wake(&self) {
+        let _ = self.waker.send(&[1]);
+    }
+
+    pub(super) fn micros(&self) -> u64 {
+        self.created.elapsed().as_micros() as u64
+    }
+
+    pub(super) fn peers(&self) -> &[RankInfo] {
+        self.peers.get().map_or(&[], Vec::as_slice)
+    }
+
+    pub(super) fn health_address(&self, rank: usize) -> Option<SocketAddr> {
+        self.peers().get(rank)?.health.as_deref()?.parse().ok()
+    }
+
+    pub(super) fn current_op_text(&self) -> Option<String> {
+        self.ops.lock().current.map(|s| s.to_string())
+    }
+
+    pub(super) fn state(&self) -> RankState {
+        let ops = self.ops.lock();
+        RankState {
+            started: ops.started,
+            completed: ops.completed,
+            current: ops.current.map(|s| s.to_string()),
+            waiting_on: ops.waiting_on.clone(),
+        }
+    }
+
+    /// Wait up to `limit` for a verdict to be in force.
+    pub(super) fn await_verdict(&self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        while !self.faulted.load(Ordering::Acquire) {
+            if Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    pub(super) fn is_departed(&self, rank: usize) -> bool {
+        self.departed.lock().contains(&rank)
+    }
+
+    /// Take `verdict` (from `from`, or found here) unless one is in force; returns the one in
+    /// force. A new verdict is logged, flooded, delivered and dumped.
+    pub(super) fn accept(self: &Arc<Self>, verdict: Verdict, from: Option<usize>) -> Verdict {
+        {
+            let mut current = self.verdict.lock();
+            if let Some(v) = current.as_ref() {
+                return v.clone();
+            }
+            *current = Some(verdict.clone());
+            self.faulted.store(true, Ordering::Release);
+        }
+        tracing::error!(rank = self.rank, "{}", verdict.line);
+        self.to_flood.lock().push((verdict.clone(), from));
+        self.wake();
+        if from.is_none() && self.config.enabled {
+            let inner = self.clone();
+            let v = verdict.clone();
+            service::spawn_helper(self, "deliver", move || service::deliver(&inner, &v));
+        }
+        if let Some(dir) = &self.config.dump_dir {
+            let me = self.peers().get(self.rank);
+            let name = format!(
+                "bcl-flight-rank{}-pid{}.json",
+                self.rank,
+                std::process::id()
+            );
+            match recorder::dump(dir, &name, &self.report_json()) {
+                Ok(path) => tracing::error!(
+                    rank = self.rank,
+                    host = me.map(|m| m.hostname.as_str()).unwrap_or(""),
+                    "flight recorder written to {}",
+                    path.display()
+                ),
+                Err(e) => tracing::warn!(
+                    rank = self.rank,
+                    "cannot write the flight recorder to {}: {e}",
+                    dir.display()
+                ),
+            }
+        }
+        verdict
+    }
+
+    pub(super) fn report_json(&self) -> serde_json::Value {
+        let me = self.peers().get(self.rank);
+        let ops = self.ops.lock();
+        let records: Vec<&OpRecord> = ops.recorder.records().collect();
+        serde_json::json!({
+            "rank": self.rank,
+            "world": self.peers().len(),
+            "host": me.map(|m| m.hostname.clone()),
+            "pid": std::process::id(),
+            "device": me.map(|m| m.device.to_string()),
+            "health_channel": self.config.enabled,
+            "verdict": self.verdict.lock().as_ref().map(|v| v.line.clone()),
+            "last_started": ops.started,
+            "last_completed": ops.completed,
+            "current": ops.current.map(|s| s.to_string()),
+            "operations_total": ops.recorder.total(),
+            "flight_recorder": records,
+            "slow": self.summary.lock().clone(),
+            "ring": self.ring.get(),
+        })
+    }
+}

@@ -328,12 +328,15 @@ impl RdmaTransport {
                     Immediate::Data(seq) => {
                         let r =
                             receive_chunk(p, peer, seq, slot_bytes, max_message, &mut self.pool);
+                        // Slots are credited back in order, so one message waiting in its
+                        // slot holds back every slot after it. More than a quarter ring
+                        // uncredited behind a waiting message: copy the oldest out, so the
+                        // sender's credits never wait on messages this rank does not want
+                        // yet (see `flushed`), whatever arrives behind it.
+                        let slots = (p.ring.len() / slot_bytes) as u64;
+                        let evict = p.held > 0 && (p.received - p.freed) * 4 > slots;
                         match r {
                             Ok(Some((tag, arrived))) => {
-                                // More than a quarter ring waiting to be consumed: copy the
-                                // oldest out, so the sender's credits never wait on messages
-                                // this rank does not want yet (see `flushed`).
-                                let evict = p.held * 4 > p.ring.len() / slot_bytes;
                                 self.inbox
                                     .entry((peer, tag))
                                     .or_default()
@@ -342,6 +345,7 @@ impl RdmaTransport {
                                     self.evict_oldest(peer);
                                 }
                             }
+                            Ok(None) if evict => self.evict_oldest(peer),
                             Ok(None) => {}
                             Err(reason) => {
                                 let addr = p.addr.clone();

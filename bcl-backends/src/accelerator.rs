@@ -16,6 +16,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::kernels::KernelError;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
@@ -303,6 +304,55 @@ pub struct DeviceSlice<'a> {
     pub buffer: &'a DeviceBuffer,
     pub offset: usize,
     pub len: usize,
+}
+
+impl DeviceSlice<'_> {
+    /// This slice's byte range in its buffer, checked: the buffer belongs to device
+    /// `device_uid` (named `device` in the error) and the range lies inside it. What every
+    /// backend checks before it touches memory.
+    pub fn checked(&self, device_uid: u64, device: &str) -> Result<Range<usize>, DeviceError> {
+        if self.buffer.device_uid() != device_uid {
+            return Err(DeviceError::ForeignHandle {
+                device: device.to_string(),
+                what: "buffer",
+            });
+        }
+        let end = self.offset.saturating_add(self.len);
+        if end > self.buffer.len() {
+            return Err(DeviceError::OutOfRange {
+                device: device.to_string(),
+                offset: self.offset,
+                end,
+                len: self.buffer.len(),
+            });
+        }
+        Ok(self.offset..end)
+    }
+}
+
+/// The two sides of a copy or reduction on `device` have one length, a whole number of
+/// `dtype` elements where a type is given.
+pub fn check_lengths(
+    device: &str,
+    dst: usize,
+    src: usize,
+    dtype: Option<DataType>,
+) -> Result<(), DeviceError> {
+    let source = if dst != src {
+        KernelError::LengthMismatch { dst, src }
+    } else if let Some(dtype) = dtype.filter(|t| !dst.is_multiple_of(t.size())) {
+        KernelError::PartialElement {
+            len: dst,
+            dtype,
+            size: dtype.size(),
+        }
+    } else {
+        return Ok(());
+    };
+    Err(DeviceError::Kernel {
+        device: device.to_string(),
+        source,
+    })
 }
 
 /// An ordered queue of device work. Operations on one stream run in call order.

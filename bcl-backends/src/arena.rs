@@ -100,17 +100,7 @@ impl Arena {
     }
 
     fn range(&self, s: &DeviceSlice<'_>) -> Result<std::ops::Range<usize>, DeviceError> {
-        self.owns(s.buffer.device_uid(), "buffer")?;
-        let end = s.offset.saturating_add(s.len);
-        if end > s.buffer.len() {
-            return Err(DeviceError::OutOfRange {
-                device: self.name.clone(),
-                offset: s.offset,
-                end,
-                len: s.buffer.len(),
-            });
-        }
-        Ok(s.offset..end)
+        s.checked(self.uid, &self.name)
     }
 
     /// Run `f` over the bytes of `s`.
@@ -193,10 +183,6 @@ impl Arena {
     }
 
     pub(crate) fn length_check(&self, dst: usize, src: usize) -> Result<(), DeviceError> {
-        if dst == src {
-            Ok(())
-        } else {
-            Err(self.kernel_error(crate::kernels::KernelError::LengthMismatch { dst, src }))
-        }
+        crate::accelerator::check_lengths(&self.name, dst, src, None)
     }
 }

@@ -28,7 +28,8 @@ pub mod spec;
 
 pub use accelerator::{
     Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
+    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, check_lengths,
+    new_device_uid,
 };
 pub use bytemuck;
 pub use dtype::{DataType, Element, ReduceOp};

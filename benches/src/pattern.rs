@@ -20,31 +20,14 @@ fn value(collective: Collective, rank: usize, i: usize) -> i128 {
     }
 }
 
-/// The oracle's name for a data type.
+/// The oracle's name for a data type (the oracle spells types as BCL does).
 pub fn oracle_type(dtype: DataType) -> Type {
-    match dtype {
-        DataType::Int8 => Type::Int8,
-        DataType::Uint8 => Type::Uint8,
-        DataType::Int32 => Type::Int32,
-        DataType::Uint32 => Type::Uint32,
-        DataType::Int64 => Type::Int64,
-        DataType::Uint64 => Type::Uint64,
-        DataType::Float16 => Type::Float16,
-        DataType::Bfloat16 => Type::Bfloat16,
-        DataType::Float32 => Type::Float32,
-        DataType::Float64 => Type::Float64,
-    }
+    Type::named(dtype.name()).unwrap_or_else(|| unreachable!("the oracle knows {dtype}"))
 }
 
 /// The oracle's name for a reduce operation.
 pub fn oracle_op(op: ReduceOp) -> Op {
-    match op {
-        ReduceOp::Sum => Op::Sum,
-        ReduceOp::Prod => Op::Prod,
-        ReduceOp::Min => Op::Min,
-        ReduceOp::Max => Op::Max,
-        ReduceOp::Avg => Op::Avg,
-    }
+    Op::named(op.name()).unwrap_or_else(|| unreachable!("the oracle knows {op}"))
 }
 
 fn from_bytes<T: Element>(bytes: &[u8]) -> T {

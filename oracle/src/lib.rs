@@ -43,6 +43,20 @@ pub enum Op {
     Avg,
 }
 
+impl Op {
+    /// The operation BCL spells `name`: "sum", "prod", "min", "max", "avg".
+    pub fn named(name: &str) -> Option<Op> {
+        let all = [
+            ("sum", Op::Sum),
+            ("prod", Op::Prod),
+            ("min", Op::Min),
+            ("max", Op::Max),
+            ("avg", Op::Avg),
+        ];
+        all.iter().find(|(n, _)| *n == name).map(|(_, op)| *op)
+    }
+}
+
 /// The exact value of an element.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value {
@@ -89,6 +103,16 @@ impl Type {
         Type::Float32,
         Type::Float64,
     ];
+
+    /// The type BCL (and nccl-tests) spell `name`: "int8", "uint8", "int32", "uint32",
+    /// "int64", "uint64", "half", "bfloat16", "float", "double".
+    pub fn named(name: &str) -> Option<Type> {
+        let names = [
+            "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "bfloat16", "float",
+            "double",
+        ];
+        names.iter().position(|n| *n == name).map(|i| Type::ALL[i])
+    }
 
     pub fn size(self) -> usize {
         match self {

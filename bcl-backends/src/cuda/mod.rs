@@ -29,7 +29,8 @@ pub use compile::{
 
 use crate::accelerator::{
     Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, new_device_uid,
+    DeviceSlice, Download, Event, HostStaged, Stream, StreamHold, Vendor, check_lengths,
+    new_device_uid,
 };
 use crate::dtype::{DataType, ReduceOp};
 use crate::kernels::KernelError;
@@ -461,39 +462,15 @@ impl CudaDevice {
 
     /// Check that `s` is a slice of one of this device's buffers and inside it.
     fn check(&self, s: &DeviceSlice<'_>) -> Result<(), DeviceError> {
-        if s.buffer.device_uid() != self.uid {
-            return Err(self.foreign("buffer"));
-        }
-        let end = s.offset.saturating_add(s.len);
-        if end > s.buffer.len() {
-            return Err(DeviceError::OutOfRange {
-                device: self.name.clone(),
-                offset: s.offset,
-                end,
-                len: s.buffer.len(),
-            });
-        }
-        Ok(())
+        s.checked(self.uid, &self.name).map(drop)
     }
 
     fn same_length(&self, dst: usize, src: usize) -> Result<(), DeviceError> {
-        if dst == src {
-            Ok(())
-        } else {
-            Err(self.kernel_error(KernelError::LengthMismatch { dst, src }))
-        }
+        check_lengths(&self.name, dst, src, None)
     }
 
     fn whole_elements(&self, len: usize, dtype: DataType) -> Result<(), DeviceError> {
-        if len.is_multiple_of(dtype.size()) {
-            Ok(())
-        } else {
-            Err(self.kernel_error(KernelError::PartialElement {
-                len,
-                dtype,
-                size: dtype.size(),
-            }))
-        }
+        check_lengths(&self.name, len, len, Some(dtype))
     }
 
     /// Run `f` with the device address of `s` (checked), ordered on `stream` after earlier

@@ -17,10 +17,9 @@ mod table;
 
 use crate::accelerator::{
     Accelerator, BufferOwner, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Event, Stream, Vendor, new_device_uid,
+    DeviceSlice, Event, Stream, Vendor, check_lengths, new_device_uid,
 };
 use crate::dtype::{DataType, ReduceOp};
-use crate::kernels::KernelError;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -202,19 +201,8 @@ impl PluginDevice {
 
     /// The plugin's (handle, offset) for `s`, checked to lie inside a buffer of this device.
     fn range(&self, s: &DeviceSlice<'_>) -> Result<(u64, usize), DeviceError> {
-        if s.buffer.device_uid() != self.uid {
-            return Err(self.foreign("buffer"));
-        }
-        let end = s.offset.saturating_add(s.len);
-        if end > s.buffer.len() {
-            return Err(DeviceError::OutOfRange {
-                device: self.info.to_string(),
-                offset: s.offset,
-                end,
-                len: s.buffer.len(),
-            });
-        }
-        Ok((s.buffer.id(), s.offset))
+        let range = s.checked(self.uid, &self.info.to_string())?;
+        Ok((s.buffer.id(), range.start))
     }
 
     fn stream(&self, stream: &Stream) -> Result<u64, DeviceError> {
@@ -224,29 +212,12 @@ impl PluginDevice {
         Ok(stream.id())
     }
 
-    fn kernel_error(&self, source: KernelError) -> DeviceError {
-        DeviceError::Kernel {
-            device: self.info.to_string(),
-            source,
-        }
-    }
-
     fn same_length(&self, dst: usize, src: usize) -> Result<(), DeviceError> {
-        if dst == src {
-            return Ok(());
-        }
-        Err(self.kernel_error(KernelError::LengthMismatch { dst, src }))
+        check_lengths(&self.info.to_string(), dst, src, None)
     }
 
     fn whole_elements(&self, len: usize, dtype: DataType) -> Result<(), DeviceError> {
-        if len.is_multiple_of(dtype.size()) {
-            return Ok(());
-        }
-        Err(self.kernel_error(KernelError::PartialElement {
-            len,
-            dtype,
-            size: dtype.size(),
-        }))
+        check_lengths(&self.info.to_string(), len, len, Some(dtype))
     }
 }
 

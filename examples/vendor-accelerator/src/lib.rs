@@ -16,7 +16,7 @@
 use bcl_core::backends::kernels;
 use bcl_core::backends::{
     Accelerator, BufferOwner, DataType, DeviceBuffer, DeviceCapabilities, DeviceError, DeviceInfo,
-    DeviceSlice, Event, ReduceOp, Stream, Vendor, new_device_uid,
+    DeviceSlice, Event, ReduceOp, Stream, Vendor, check_lengths, new_device_uid,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -239,22 +239,8 @@ impl PagedDevice {
 
     /// The (handle, offset) of `s`, checked against its buffer.
     fn range(&self, s: &DeviceSlice<'_>) -> Result<(u64, usize), DeviceError> {
-        if s.buffer.device_uid() != self.uid {
-            return Err(DeviceError::ForeignHandle {
-                device: self.name(),
-                what: "buffer",
-            });
-        }
-        let end = s.offset.saturating_add(s.len);
-        if end > s.buffer.len() {
-            return Err(DeviceError::OutOfRange {
-                device: self.name(),
-                offset: s.offset,
-                end,
-                len: s.buffer.len(),
-            });
-        }
-        Ok((s.buffer.id(), s.offset))
+        let range = s.checked(self.uid, &self.name())?;
+        Ok((s.buffer.id(), range.start))
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<(), DeviceError> {
@@ -273,21 +259,7 @@ impl PagedDevice {
         src: usize,
         dtype: Option<DataType>,
     ) -> Result<(), DeviceError> {
-        let source = if dst != src {
-            kernels::KernelError::LengthMismatch { dst, src }
-        } else if let Some(dtype) = dtype.filter(|t| !dst.is_multiple_of(t.size())) {
-            kernels::KernelError::PartialElement {
-                len: dst,
-                dtype,
-                size: dtype.size(),
-            }
-        } else {
-            return Ok(());
-        };
-        Err(DeviceError::Kernel {
-            device: self.name(),
-            source,
-        })
+        check_lengths(&self.name(), dst, src, dtype)
     }
 }
 

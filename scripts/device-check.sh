@@ -10,7 +10,7 @@
 #      2 CUDA ranks + 2 cpu ranks as processes (device pointers, cudaStream_t ordering), with
 #      the caller blocking on the stream by a pageable copy, then by cudaStreamSynchronize;
 #   6. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu; 2 cpu ranks,
-#      1 CUDA + 1 cpu.
+#      1 CUDA + 1 cpu; and three vendors in one ring: 1 CUDA + 2 device-plugin + 1 cpu.
 # Usage: scripts/device-check.sh [DIR]
 #   Where cargo exists and no DIR is given, it first builds with `--features cuda`
 #   (scripts/device-prebuild.sh); otherwise it runs the binaries prebuilt into DIR
@@ -24,7 +24,7 @@ bins=${1:-.device-bin}
 if [ -z "${1:-}" ] && command -v cargo >/dev/null 2>&1; then
   bash scripts/device-prebuild.sh "$bins" || exit 2
 fi
-for f in cuda backends_agree cuda_ring bcl-bench cuda_bandwidth libbcl.so; do
+for f in cuda backends_agree cuda_ring bcl-bench cuda_bandwidth libbcl.so libarena.so; do
   [ -e "$bins/$f" ] || { echo "missing $bins/$f: run scripts/device-prebuild.sh"; exit 2; }
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || exit 2
@@ -43,7 +43,7 @@ step() {
   "$@" || { echo "FAILED ($?): $*"; status=1; }
   echo "-- $((SECONDS - t0)) s"
 }
-export BCL_TEST_CUDA=1 RUST_BACKTRACE=1
+export BCL_TEST_CUDA=1 RUST_BACKTRACE=1 BCL_SAMPLE_PLUGIN=$(realpath "$bins/libarena.so")
 step timeout 150 "$bins/cuda" --include-ignored --test-threads=1
 step timeout 120 "$bins/backends_agree" --test-threads=1
 step timeout 200 "$bins/cuda_ring" --include-ignored --test-threads=1
@@ -69,9 +69,10 @@ if [ -n "$nvcc" ]; then
 else
   echo "FAILED: no nvcc on this machine: the C ABI's CUDA test did not run"; status=1
 fi
-for sweep in 4:cpu 4:cuda:0,cpu,cpu,cpu 4:cuda:0,cuda:0,cpu,cpu 2:cpu 2:cuda:0,cpu; do
+for sweep in 4:cpu 4:cuda:0,cpu,cpu,cpu 4:cuda:0,cuda:0,cpu,cpu 2:cpu 2:cuda:0,cpu \
+  4:cuda:0,plugin:0,cpu,plugin:1; do
   n=${sweep%%:*} devices=${sweep#*:}
-  step timeout 100 "$bins/bcl-bench" allreduce --nranks "$n" --devices "$devices" \
+  BCL_DEVICE_PLUGIN=$BCL_SAMPLE_PLUGIN step timeout 100 "$bins/bcl-bench" allreduce --nranks "$n" --devices "$devices" \
     -b 8 -e 256M -f 4 -n 10 -w 3 --json "$out/allreduce-$n-${devices//[:,]/_}.json"
 done
 echo; [ $status -eq 0 ] && echo "device-check: all passed" || echo "device-check: FAILURES above"

@@ -2,7 +2,8 @@
 # Builds (release, `--features cuda`) what scripts/device-check.sh runs on a GPU machine and
 # copies it, without debug info, into DIR (default .device-bin, ignored by git): the cuda
 # backend's tests, the backend conformance tests, the mixed-ring tests, bcl-bench, the
-# cuda_bandwidth example and libbcl.so (for the C ABI's CUDA test, which nvcc builds there). The lent GPU machines have no Rust toolchain: build here, carry DIR.
+# cuda_bandwidth example, libbcl.so (for the C ABI's CUDA test, which nvcc builds there) and the
+# sample device plugin (libarena.so). The lent GPU machines have no Rust toolchain: build here, carry DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.device-bin}
@@ -40,4 +41,7 @@ for name, path in found.items():
     print(f"{dst}  <- {path}")
 PY
 rm -f "$json"
+# The sample device plugin, for backends_agree and the three-vendor ring there.
+cc -std=gnu11 -O2 -fPIC -shared -I include examples/device-plugin/arena_plugin.c \
+  -o "$dir/libarena.so" -lm
 du -sh "$dir"

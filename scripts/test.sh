@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need on a fresh machine (as root:
-# Debian packages; numpy from PyPI for the C ABI's Python client test; NVRTC from PyPI for
+# Debian packages; numpy and ml_dtypes from PyPI for the C ABI's Python client test and the
+# oracle's rounding check; NVRTC from PyPI for
 # the cuda backend's kernel compile test), then runs every test of the workspace, the cuda
 # backend's tests that need no GPU, and the C example built through `make install` + pkg-config.
 set -euo pipefail
@@ -19,7 +20,9 @@ command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)   # bcl-bench under 
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}"
 fi
-python3 -c 'import numpy' 2>/dev/null || python3 -m pip install --quiet numpy
+# numpy: the C ABI's Python client; numpy and ml_dtypes (bfloat16): the oracle's rounding check.
+python3 -c 'import numpy, ml_dtypes' 2>/dev/null || python3 -m pip install --quiet numpy ml_dtypes ||
+  python3 -m pip install --quiet --break-system-packages numpy ml_dtypes
 # NVRTC, from NVIDIA's PyPI wheel (no GPU or toolkit needed): the cuda backend's kernels
 # compile through it in the feature-cuda tests below.
 nvrtc_lib=/opt/bcl-nvrtc/nvidia/cu13/lib

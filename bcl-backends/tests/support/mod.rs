@@ -10,8 +10,12 @@ use std::sync::Mutex;
 static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
 
 /// The plugin built with `defines` (its `ARENA_BROKEN_*` variants), once per variant and
-/// process.
+/// process. `BCL_SAMPLE_PLUGIN` names a prebuilt working one instead (the GPU machines, which
+/// run binaries built elsewhere: `scripts/device-prebuild.sh`).
 pub fn sample_plugin(defines: &[&str]) -> PathBuf {
+    if let (true, Some(prebuilt)) = (defines.is_empty(), std::env::var_os("BCL_SAMPLE_PLUGIN")) {
+        return PathBuf::from(prebuilt);
+    }
     let variant = defines.concat().replace(['-', '='], "_");
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let built = built.get_or_insert_with(HashMap::new);

@@ -102,15 +102,20 @@ pub fn plans(case: &Case) -> Result<Vec<Plan>, String> {
 
 /// What `rank` calls for `case`.
 fn rank_collective(case: &Case, rank: usize) -> Option<Collective> {
-    let n = case.world;
-    match case.collective {
-        Collective::Send { .. } | Collective::Recv { .. } if rank == 0 => {
-            Some(Collective::Send { peer: n - 1 })
-        }
-        Collective::Send { .. } | Collective::Recv { .. } if rank == n - 1 => {
-            Some(Collective::Recv { peer: 0 })
-        }
-        Collective::Send { .. } | Collective::Recv { .. } => None,
+    role(case.collective, case.world, rank)
+}
+
+/// What `rank` of `world` calls when every rank tests `collective`: the collective itself, or
+/// for send/recv rank 0 sends to the last rank, which receives, and the others sit out (as do
+/// all in a world of one).
+pub fn role(collective: Collective, world: usize, rank: usize) -> Option<Collective> {
+    let last = world.saturating_sub(1);
+    match collective {
+        Collective::Send { .. } | Collective::Recv { .. } => match rank {
+            0 if last > 0 => Some(Collective::Send { peer: last }),
+            r if r == last && last > 0 => Some(Collective::Recv { peer: 0 }),
+            _ => None,
+        },
         c => Some(c),
     }
 }

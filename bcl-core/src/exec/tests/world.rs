@@ -43,15 +43,7 @@ pub struct Outcome {
 
 /// The collective rank `rank` calls for `case` (send/recv: rank 0 sends to the last rank).
 pub fn rank_collective(case: &Case, rank: usize) -> Option<Collective> {
-    let last = case.world - 1;
-    match case.collective {
-        Collective::Send { .. } | Collective::Recv { .. } => match rank {
-            0 if last > 0 => Some(Collective::Send { peer: last }),
-            r if r == last && last > 0 => Some(Collective::Recv { peer: 0 }),
-            _ => None,
-        },
-        c => Some(c),
-    }
+    crate::schedule::checker::role(case.collective, case.world, rank)
 }
 
 fn oracle_type(dtype: DataType) -> Type {

@@ -309,8 +309,12 @@ pub struct DeviceSlice<'a> {
 impl DeviceSlice<'_> {
     /// This slice's byte range in its buffer, checked: the buffer belongs to device
     /// `device_uid` (named `device` in the error) and the range lies inside it. What every
-    /// backend checks before it touches memory.
-    pub fn checked(&self, device_uid: u64, device: &str) -> Result<Range<usize>, DeviceError> {
+    /// backend checks before it touches memory. `device` is formatted only for an error.
+    pub fn checked(
+        &self,
+        device_uid: u64,
+        device: impl fmt::Display,
+    ) -> Result<Range<usize>, DeviceError> {
         if self.buffer.device_uid() != device_uid {
             return Err(DeviceError::ForeignHandle {
                 device: device.to_string(),
@@ -331,9 +335,9 @@ impl DeviceSlice<'_> {
 }
 
 /// The two sides of a copy or reduction on `device` have one length, a whole number of
-/// `dtype` elements where a type is given.
+/// `dtype` elements where a type is given. `device` is formatted only for an error.
 pub fn check_lengths(
-    device: &str,
+    device: impl fmt::Display,
     dst: usize,
     src: usize,
     dtype: Option<DataType>,

@@ -201,7 +201,7 @@ impl PluginDevice {
 
     /// The plugin's (handle, offset) for `s`, checked to lie inside a buffer of this device.
     fn range(&self, s: &DeviceSlice<'_>) -> Result<(u64, usize), DeviceError> {
-        let range = s.checked(self.uid, &self.info.to_string())?;
+        let range = s.checked(self.uid, &self.info)?;
         Ok((s.buffer.id(), range.start))
     }
 
@@ -212,12 +212,8 @@ impl PluginDevice {
         Ok(stream.id())
     }
 
-    fn same_length(&self, dst: usize, src: usize) -> Result<(), DeviceError> {
-        check_lengths(&self.info.to_string(), dst, src, None)
-    }
-
-    fn whole_elements(&self, len: usize, dtype: DataType) -> Result<(), DeviceError> {
-        check_lengths(&self.info.to_string(), len, len, Some(dtype))
+    fn lengths(&self, dst: usize, src: usize, dtype: Option<DataType>) -> Result<(), DeviceError> {
+        check_lengths(&self.info, dst, src, dtype)
     }
 }
 
@@ -259,7 +255,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (d, s) = (self.range(&dst)?, self.stream(stream)?);
-        self.same_length(dst.len, src.len())?;
+        self.lengths(dst.len, src.len(), None)?;
         (self.table().copy_to_device(self.device, d, src, s)).map_err(|f| self.failed(f))
     }
 
@@ -270,7 +266,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (from, s) = (self.range(&src)?, self.stream(stream)?);
-        self.same_length(dst.len(), src.len)?;
+        self.lengths(dst.len(), src.len, None)?;
         (self.table().copy_to_host(self.device, dst, from, s)).map_err(|f| self.failed(f))
     }
 
@@ -281,7 +277,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (d, from, s) = (self.range(&dst)?, self.range(&src)?, self.stream(stream)?);
-        self.same_length(dst.len, src.len)?;
+        self.lengths(dst.len, src.len, None)?;
         (self
             .table()
             .copy_on_device(self.device, d, from, dst.len, s))
@@ -297,8 +293,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (d, s) = (self.range(&dst)?, self.stream(stream)?);
-        self.same_length(dst.len, src.len())?;
-        self.whole_elements(src.len(), dtype)?;
+        self.lengths(dst.len, src.len(), Some(dtype))?;
         let op = op.accumulate_op().code();
         (self
             .table()
@@ -315,8 +310,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (d, from, s) = (self.range(&dst)?, self.range(&src)?, self.stream(stream)?);
-        self.same_length(dst.len, src.len)?;
-        self.whole_elements(src.len, dtype)?;
+        self.lengths(dst.len, src.len, Some(dtype))?;
         let op = op.accumulate_op().code();
         (self
             .table()
@@ -332,7 +326,7 @@ impl Accelerator for PluginDevice {
         stream: &Stream,
     ) -> Result<(), DeviceError> {
         let (d, s) = (self.range(&dst)?, self.stream(stream)?);
-        self.whole_elements(dst.len, dtype)?;
+        self.lengths(dst.len, dst.len, Some(dtype))?;
         (self
             .table()
             .divide(self.device, d, dst.len, dtype.code(), divisor, s))

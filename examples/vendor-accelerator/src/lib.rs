@@ -239,7 +239,7 @@ impl PagedDevice {
 
     /// The (handle, offset) of `s`, checked against its buffer.
     fn range(&self, s: &DeviceSlice<'_>) -> Result<(u64, usize), DeviceError> {
-        let range = s.checked(self.uid, &self.name())?;
+        let range = s.checked(self.uid, &self.info)?;
         Ok((s.buffer.id(), range.start))
     }
 
@@ -259,7 +259,7 @@ impl PagedDevice {
         src: usize,
         dtype: Option<DataType>,
     ) -> Result<(), DeviceError> {
-        check_lengths(&self.name(), dst, src, dtype)
+        check_lengths(&self.info, dst, src, dtype)
     }
 }
 

@@ -15,6 +15,15 @@ enum Finding {
     Straggler(usize),
 }
 
+/// What one evaluation judged: the findings it made, with their lines, and every subject it
+/// had the data to judge (found or not). A subject it could not judge (its rank's window had
+/// not reached rank 0 yet, too few links to compare) neither extends nor breaks a streak.
+#[derive(Debug, Default)]
+struct Judged {
+    found: Vec<(Finding, String)>,
+    judged: Vec<Finding>,
+}
+
 #[derive(Debug, Default)]
 struct Streak {
     present: u32,
@@ -92,28 +101,30 @@ impl Detector {
         }
         let ops = windows.iter().map(|w| u64::from(w.ops)).max().unwrap_or(0);
         let (links, ranks) = self.statistics(&windows);
-        let mut found: Vec<(Finding, String)> = Vec::new();
+        let mut verdicts = Judged::default();
         // Slow devices first: their links and their lateness are theirs, not the network's.
-        let slow_devices = self.slow_devices(&ranks, &mut found);
-        self.slow_links(&links, &slow_devices, &mut found);
-        self.stragglers(&ranks, &slow_devices, &mut found);
-        let raised = self.update_streaks(found, ops);
+        let slow_devices = self.slow_devices(&ranks, &mut verdicts);
+        self.slow_links(&links, &slow_devices, &mut verdicts);
+        self.stragglers(&ranks, &slow_devices, &mut verdicts);
+        let raised = self.update_streaks(verdicts, ops);
         self.remember(links, ranks);
         raised
     }
 
     /// Ranks whose device is slower than half the median device (3 ranks with data at least).
-    fn slow_devices(&self, ranks: &[RankStat], found: &mut Vec<(Finding, String)>) -> Vec<usize> {
+    fn slow_devices(&self, ranks: &[RankStat], verdicts: &mut Judged) -> Vec<usize> {
         let mut speeds: Vec<f32> = ranks.iter().filter_map(|r| r.device_gbps).collect();
         let Some(m) = median(&mut speeds).filter(|_| speeds.len() >= 3) else {
             return Vec::new();
         };
         let mut slow = Vec::new();
         for r in ranks {
-            let Some(g) = r.device_gbps.filter(|g| *g < SLOW_DEVICE_FRACTION * m) else {
+            let Some(g) = r.device_gbps else { continue };
+            verdicts.judged.push(Finding::SlowRank(r.rank));
+            if g >= SLOW_DEVICE_FRACTION * m {
                 continue;
-            };
-            found.push((
+            }
+            verdicts.found.push((
                 Finding::SlowRank(r.rank),
                 format!(
                     "slow {}: its device reduces and copies at {g:.2} GB/s vs median {m:.2} GB/s (a slow rank, not a slow link)",
@@ -127,14 +138,15 @@ impl Detector {
 
     /// Links slower than 0.6 of the median of comparable links (same-host or cross-host; all
     /// links where a class has too few), links of slow devices left out.
-    fn slow_links(
-        &self,
-        links: &[LinkStat],
-        slow_devices: &[usize],
-        found: &mut Vec<(Finding, String)>,
-    ) {
+    fn slow_links(&self, links: &[LinkStat], slow_devices: &[usize], verdicts: &mut Judged) {
         for link in links {
+            let finding = Finding::SlowLink {
+                from: link.from,
+                to: link.to,
+            };
             if slow_devices.contains(&link.from) || slow_devices.contains(&link.to) {
+                // Judged: its slowness is the device's.
+                verdicts.judged.push(finding);
                 continue;
             }
             let same_host = |l: &LinkStat| self.same_host(l.from, l.to);
@@ -152,15 +164,13 @@ impl Detector {
             if comparable.len() < 2 {
                 continue;
             }
+            verdicts.judged.push(finding);
             if let Some(m) = median(&mut comparable)
                 && link.gbps < SLOW_LINK_FRACTION * m
             {
                 let host = self.peers.get(link.to).map_or("?", |p| p.hostname.as_str());
-                found.push((
-                    Finding::SlowLink {
-                        from: link.from,
-                        to: link.to,
-                    },
+                verdicts.found.push((
+                    finding,
                     format!(
                         "slow link rank {} → rank {} ({host}): its messages arrive at {:.2} GB/s vs median {m:.2} GB/s on comparable links",
                         link.from, link.to, link.gbps
@@ -171,17 +181,13 @@ impl Detector {
     }
 
     /// Ranks that arrive more than 5 ms after the median rank and 3 times later than any other.
-    fn stragglers(
-        &self,
-        ranks: &[RankStat],
-        slow_devices: &[usize],
-        found: &mut Vec<(Finding, String)>,
-    ) {
+    fn stragglers(&self, ranks: &[RankStat], slow_devices: &[usize], verdicts: &mut Judged) {
         let lateness: Vec<(usize, f32)> = ranks
             .iter()
             .filter_map(|r| r.lateness_ms.map(|l| (r.rank, l)))
             .collect();
         for &(rank, late) in &lateness {
+            verdicts.judged.push(Finding::Straggler(rank));
             let others = (lateness.iter().filter(|(r, _)| *r != rank))
                 .map(|(_, l)| *l)
                 .fold(0f32, f32::max);
@@ -189,7 +195,7 @@ impl Detector {
                 && late > STRAGGLER_FACTOR * others.max(1.0)
                 && !slow_devices.contains(&rank)
             {
-                found.push((
+                verdicts.found.push((
                     Finding::Straggler(rank),
                     format!(
                         "straggler {}: arrives {late:.1} ms after the median rank at each collective (slow outside the library)",
@@ -297,7 +303,8 @@ impl Detector {
         (links, ranks)
     }
 
-    fn update_streaks(&mut self, found: Vec<(Finding, String)>, ops: u64) -> Vec<String> {
+    fn update_streaks(&mut self, verdicts: Judged, ops: u64) -> Vec<String> {
+        let Judged { found, judged } = verdicts;
         let mut raised = Vec::new();
         for (finding, line) in &found {
             let s = self.streaks.entry(*finding).or_default();
@@ -312,7 +319,9 @@ impl Detector {
             }
         }
         self.streaks.retain(|finding, s| {
-            if found.iter().any(|(f, _)| f == finding) {
+            // Found, or not judged this time (no data on it in this evaluation's windows):
+            // the streak stands as it was.
+            if found.iter().any(|(f, _)| f == finding) || !judged.contains(finding) {
                 return true;
             }
             s.absent += 1;

@@ -10,7 +10,9 @@
 //!   assumed NTP-synchronised to well under the straggling the detector reports).
 //!
 //! A finding must hold in 3 consecutive evaluations (one per window) to raise a verdict, and
-//! be absent from 3 to clear, so one noisy sample raises nothing.
+//! be absent from 3 to clear, so one noisy sample raises nothing. Only evaluations with data
+//! on it count: rank 0 evaluates when its own window closes, with the windows the others
+//! have sent by then, and a report that arrives late must not break a streak.
 
 mod detector;
 
@@ -284,6 +286,42 @@ mod tests {
             raised[0].starts_with("slow rank 3 (host h3, pid 103, cpu:0): its device"),
             "{}",
             raised[0]
+        );
+    }
+
+    #[test]
+    fn a_slow_rank_whose_reports_come_late_is_still_named() {
+        // Rank 0 evaluates when its own window closes: rank 3's reports reach it only every
+        // other time, two at once. The evaluations without them have no data on rank 3.
+        let mut d = Detector::new(peers(4));
+        let make = |s| windows(s, |_| 8.0, |r| if r == 3 { 0.5 } else { 10.0 }, |_| 0);
+        let mut late = Vec::new();
+        let mut raised = Vec::new();
+        for i in 0..6u32 {
+            for w in make(i * 10..i * 10 + 10) {
+                if w.rank == 3 {
+                    late.push(w);
+                } else {
+                    d.add(w);
+                }
+            }
+            if i % 2 == 1 {
+                late.drain(..).for_each(|w| d.add(w));
+            }
+            raised.extend(d.evaluate());
+        }
+        assert_eq!(raised.len(), 1, "{raised:?}");
+        assert!(
+            raised[0].starts_with("slow rank 3 (host h3"),
+            "{}",
+            raised[0]
+        );
+        // And it clears once three evaluations with rank 3's data find it healthy.
+        run(&mut d, 3, |s| windows(s, |_| 8.0, |_| 10.0, |_| 0));
+        assert!(
+            d.summary().verdicts.is_empty(),
+            "{:?}",
+            d.summary().verdicts
         );
     }
 

@@ -24,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agreement;
 mod bootstrap;
 mod comm;
 pub mod config;

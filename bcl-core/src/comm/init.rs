@@ -6,7 +6,7 @@ use super::checks::check_rank;
 use super::device::progress_loop;
 use super::op::Engine;
 use super::wait::polling;
-use super::{Communicator, Shared};
+use super::{Communicator, Lineage, Shared};
 use crate::bootstrap;
 use crate::config::{CommConfig, TransportKind, process_env};
 use crate::error::{Error, Result};
@@ -16,7 +16,7 @@ use crate::launch::{Launch, Rendezvous};
 use crate::links;
 use crate::peers::RankInfo;
 use crate::schedule::{Fabric, Layout};
-use crate::topology::ring_order;
+use crate::topology::{LinkKind, ring_order};
 use crate::unique_id::UniqueId;
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{Accelerator, open_device};
@@ -291,13 +291,17 @@ fn directory_store(rank: usize, dir: &Path, config: &CommConfig) -> Result<(File
 
 /// What a rank opens before it meets the others: its device, its transport endpoint (whose
 /// address it publishes) and its health channel.
-struct Opened {
+pub(super) struct Opened {
     accelerator: Arc<dyn Accelerator>,
     endpoint: links::Endpoint,
     health: Health,
 }
 
-fn open(rank: usize, secret: Secret, builder: CommBuilder) -> Result<(CommConfig, Opened)> {
+pub(super) fn open(
+    rank: usize,
+    secret: Secret,
+    builder: CommBuilder,
+) -> Result<(CommConfig, Opened)> {
     let CommBuilder {
         config,
         accelerator,
@@ -343,21 +347,49 @@ fn assemble(
     let started = Instant::now();
     let (config, opened) = open(rank, secret, builder)?;
     let deadline = started + config.init_timeout;
+    let me = opened.record(rank);
+    let peers = bootstrap::exchange(store, &config.store_prefix, &me, world, started, deadline)?;
+    finish(config, opened, secret, peers, started, deadline)
+}
+
+impl Opened {
+    /// What this rank publishes about itself as `rank`.
+    pub(super) fn record(&self, rank: usize) -> RankInfo {
+        RankInfo {
+            rank,
+            hostname: hostname(),
+            host_id: host_identity(),
+            pid: std::process::id(),
+            device: self.accelerator.info().clone(),
+            address: self.endpoint.address().clone(),
+            health: self.health.address().map(|a| a.to_string()),
+        }
+    }
+}
+
+/// After rendezvous (through a store, or over a parent communicator): connect to `peers`
+/// (every rank's record, in rank order, this rank's among them), watch them, and start the
+/// progress thread.
+pub(super) fn finish(
+    config: CommConfig,
+    opened: Opened,
+    secret: Secret,
+    peers: Vec<RankInfo>,
+    started: Instant,
+    deadline: Instant,
+) -> Result<Communicator> {
     let Opened {
         accelerator,
         endpoint,
         health,
     } = opened;
-    let me = RankInfo {
-        rank,
-        hostname: hostname(),
-        host_id: host_identity(),
-        pid: std::process::id(),
-        device: accelerator.info().clone(),
-        address: endpoint.address().clone(),
-        health: health.address().map(|a| a.to_string()),
-    };
-    let peers = bootstrap::exchange(store, &config.store_prefix, &me, world, started, deadline)?;
+    let rank = health.rank();
+    let world = peers.len();
+    let me = peers
+        .get(rank)
+        .cloned()
+        .ok_or_else(|| Error::Internal(format!("rank {rank} is not among {world} records")))?;
+    let custom_transport = matches!(endpoint, links::Endpoint::Single(_, LinkKind::Custom(_)));
     let (transport, links) = endpoint.connect(&config, &me, &peers, started, deadline)?;
     let layout = Layout::new(rank, ring_order(&peers)).map_err(Error::Internal)?;
     health
@@ -387,6 +419,11 @@ fn assemble(
         health,
         op_timeout_ms: AtomicU64::new(op_timeout_ms),
         clock: WallClock,
+        lineage: Lineage {
+            secret,
+            custom_transport,
+            children: AtomicU64::new(0),
+        },
     });
     start_progress(shared)
 }

@@ -18,11 +18,13 @@
 //! ```
 
 mod checks;
+mod child;
 mod device;
 mod errors;
 mod host;
 mod init;
 mod op;
+mod split;
 mod wait;
 
 pub use init::CommBuilder;
@@ -71,6 +73,18 @@ struct Shared {
     polling: Polling,
     /// The executor's clock (the wall clock; tests of the executor pass a virtual one).
     clock: WallClock,
+    /// What communicators split, shrunk or grown from this one derive theirs from.
+    lineage: Lineage,
+}
+
+/// A communicator's secret (every child's is derived from it and the child's membership, so
+/// ranks of different communicators, or of the old one, cannot connect to a new one) and how
+/// many children it has had (the same count on every rank: children are made collectively).
+struct Lineage {
+    secret: bcl_transport::Secret,
+    /// The transport was passed in: BCL cannot open another endpoint of it for a child.
+    custom_transport: bool,
+    children: AtomicU64,
 }
 
 impl Shared {

@@ -22,6 +22,7 @@
 //! logged in one line, and the flight recorder is dumped to `BCL_DUMP_DIR`.
 
 mod diagnose;
+mod membership;
 mod recorder;
 mod service;
 pub mod slow;
@@ -70,6 +71,7 @@ impl Health {
             window: Mutex::new(slow::Window::new(rank as u32)),
             detector: Mutex::new(None),
             summary: Mutex::new(slow::Summary::default()),
+            post: Default::default(),
             rank,
             secret,
             probe_timeout,
@@ -112,6 +114,11 @@ impl Health {
             address: Some(address),
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// The rank this health layer watches for.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
     }
 
     /// The address published at bootstrap (`None`: the health channel is off).

@@ -341,6 +341,10 @@ fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAd
                 format!("expected rank {peer}'s window, got {other:?}"),
             )),
         }),
+        Purpose::Agree => wire::receive(&mut stream).and_then(|m| {
+            let reply = super::membership::serve(inner, peer, m);
+            wire::send(&mut stream, &reply)
+        }),
     };
     if let Err(e) = served {
         tracing::debug!(rank = inner.rank, peer, "health request failed: {e}");

@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     pub(super) window: Mutex<slow::Window>,
     pub(super) detector: Mutex<Option<slow::Detector>>,
     pub(super) summary: Mutex<slow::Summary>,
+    /// Shrink proposals and addresses from other ranks.
+    pub(super) post: super::membership::Post,
 }
 
 impl Inner {

@@ -40,6 +40,9 @@ pub enum Purpose {
     /// A window of slow-node measurements follows (to rank 0); the reply is the detector's
     /// summary.
     Report,
+    /// One membership message follows (a shrink proposal or a new communicator's address);
+    /// the reply is `Accepted` or `ExcludedYou`.
+    Agree,
 }
 
 /// What a rank saw when it tried to reach another one.
@@ -72,6 +75,15 @@ pub enum Message {
     },
     Window(super::slow::Window),
     Summary(super::slow::Summary),
+    Propose(crate::agreement::Proposal),
+    /// The sender's record (a `RankInfo`) in the communicator of `members` (old ranks).
+    Address {
+        members: Vec<u32>,
+        info: Vec<u8>,
+    },
+    Accepted,
+    /// The receiver's agreement excludes the sender: these are the excluded ranks.
+    ExcludedYou(Vec<u32>),
 }
 
 /// `message` framed, ready to write.

@@ -1,0 +1,95 @@
+//! What every way of making a communicator from another one shares (split, shrink, grow):
+//! the child's settings and providers taken from the parent, its secret derived from the
+//! parent's and the child's membership, and the record a rank sends of itself.
+
+use super::init::{CommBuilder, Opened, open};
+use super::Communicator;
+use crate::config::TransportKind;
+use crate::error::{Error, Result};
+use crate::peers::RankInfo;
+use bcl_transport::Secret;
+use bcl_transport::mem::MemFabric;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+/// The in-process fabrics of children being built, by the child's secret: the ranks of a
+/// communicator of threads share one fabric, and each takes it from here (the last removes it).
+static MEM_FABRICS: Mutex<Option<HashMap<[u8; 16], (MemFabric, usize)>>> = Mutex::new(None);
+
+fn mem_fabric(secret: &Secret, world: usize) -> MemFabric {
+    let mut all = MEM_FABRICS.lock();
+    let map = all.get_or_insert_with(HashMap::new);
+    let entry = map
+        .entry(secret.0)
+        .or_insert_with(|| (MemFabric::new(world), 0));
+    entry.1 += 1;
+    let fabric = entry.0.clone();
+    if entry.1 >= world {
+        map.remove(&secret.0);
+    }
+    fabric
+}
+
+impl Communicator {
+    /// The next child's number: the same on every rank, as children are made collectively.
+    pub(super) fn next_child(&self) -> u64 {
+        self.shared.lineage.children.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// A child's secret: derived from this communicator's, what made it, and its members
+    /// (old ranks), so that ranks that disagree on the membership cannot connect.
+    pub(super) fn child_secret(&self, what: &str, members: &[u32]) -> Secret {
+        let list: Vec<String> = members.iter().map(u32::to_string).collect();
+        Secret::derive(&format!(
+            "{}:{what}:{}",
+            self.shared.lineage.secret.to_hex(),
+            list.join(",")
+        ))
+    }
+
+    /// A builder for a child of `world` ranks with this communicator's settings and device.
+    pub(super) fn child_builder(&self, secret: &Secret, world: usize) -> Result<CommBuilder> {
+        if self.shared.lineage.custom_transport {
+            return Err(Error::Unavailable(format!(
+                "rank {}: this communicator's transport was passed in, and BCL cannot open \
+                 another endpoint of it for a new communicator",
+                self.rank()
+            )));
+        }
+        let mut config = self.shared.config.clone();
+        if let TransportKind::Mem(_) = config.transport {
+            config.transport = TransportKind::Mem(mem_fabric(secret, world));
+        }
+        Ok(CommBuilder::new(config).accelerator(self.shared.accelerator.clone()))
+    }
+
+    /// Open the child's endpoint as `rank` of `world`: returns what to finish it with and the
+    /// record to send the other members.
+    pub(super) fn open_child(
+        &self,
+        secret: Secret,
+        rank: usize,
+        world: usize,
+    ) -> Result<(crate::config::CommConfig, Opened, Vec<u8>)> {
+        let (config, opened) = open(rank, secret, self.child_builder(&secret, world)?)?;
+        let record = postcard::to_stdvec(&opened.record(rank))
+            .map_err(|e| Error::Internal(format!("encoding rank {rank}'s record: {e}")))?;
+        Ok((config, opened, record))
+    }
+}
+
+/// Decode the record of the child's `rank`.
+pub(super) fn decode_record(rank: usize, bytes: &[u8], from: &str) -> Result<RankInfo> {
+    let info: RankInfo = postcard::from_bytes(bytes).map_err(|e| Error::Bootstrap {
+        rank,
+        reason: format!("{from} sent a record that is not valid: {e}"),
+    })?;
+    if info.rank != rank {
+        return Err(Error::Bootstrap {
+            rank,
+            reason: format!("{from} sent the record of rank {} as rank {rank}'s", info.rank),
+        });
+    }
+    Ok(info)
+}

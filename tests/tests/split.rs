@@ -1,0 +1,111 @@
+//! `Communicator::split`: a 4 × 4 grid of 16 ranks (rows: tensor parallel, columns: data
+//! parallel) running collectives in both families at once, a split of a split, ranks that
+//! take no part, and bad colors. Ranks are threads here (in-process and shared-memory
+//! transports); `lifecycle.rs` splits real processes.
+
+use bcl_core::{CommConfig, Communicator, ReduceOp, TransportKind};
+use std::time::Duration;
+
+fn threads(world: usize, transport: TransportKind) -> Vec<Communicator> {
+    Communicator::init_threads(
+        world,
+        CommConfig {
+            transport,
+            op_timeout: Duration::from_secs(20),
+            ..CommConfig::default()
+        },
+    )
+    .expect("init")
+}
+
+/// On every rank of `comms`, concurrently.
+fn each<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
+
+fn grid(transport: TransportKind) {
+    let comms = threads(16, transport);
+    let results = each(&comms, |c| {
+        let r = c.rank();
+        let (row, col) = (r / 4, r % 4);
+        // Key reverses the order within a row: new rank = 3 - col.
+        let row_comm = c.split(Some(row as u32), -(col as i32)).expect("row split").expect("in a row");
+        let col_comm = c.split(Some(col as u32), row as i32).expect("column split").expect("in a column");
+        assert_eq!(row_comm.world_size(), 4);
+        assert_eq!(row_comm.rank(), 3 - col);
+        assert_eq!(col_comm.rank(), row);
+        // Both families at once: the row allreduce on this thread, the column one beside it.
+        let (row_sum, col_sum) = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let mut x = vec![r as f64; 1000];
+                row_comm.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("row allreduce");
+                x
+            });
+            let mut y = vec![r as i64 + 1; 777];
+            for _ in 0..5 {
+                col_comm.all_reduce_in_place(&mut y, ReduceOp::Max).expect("column allreduce");
+            }
+            (h.join().expect("row thread"), y)
+        });
+        let want_row: f64 = (0..4).map(|k| (row * 4 + k) as f64).sum();
+        assert!(row_sum.iter().all(|&v| v == want_row), "rank {r}: row sum {}", row_sum[0]);
+        assert!(col_sum.iter().all(|&v| v == (12 + col) as i64 + 1), "rank {r}: col max {}", col_sum[0]);
+        // An allgather in the row shows the order by key.
+        let mut seen = vec![0u32; 4];
+        row_comm.all_gather(&[r as u32], &mut seen).expect("row allgather");
+        let want: Vec<u32> = (0..4).rev().map(|k| (row * 4 + k) as u32).collect();
+        assert_eq!(seen, want, "rank {r}: row order");
+        // A split of a split: the even and odd column members of each row.
+        let half = row_comm.split(Some((col % 2) as u32), 0).expect("split of a split").expect("member");
+        assert_eq!(half.world_size(), 2);
+        let mut z = [1u8; 3];
+        half.all_reduce_in_place(&mut z, ReduceOp::Sum).expect("half allreduce");
+        assert_eq!(z, [2; 3]);
+        (row_comm.ring().len(), col_comm.world_size())
+    });
+    assert!(results.iter().all(|&(a, b)| a == 4 && b == 4));
+}
+
+#[test]
+fn a_4_by_4_grid_runs_rows_and_columns_at_once_in_process() {
+    grid(TransportKind::Auto);
+}
+
+#[test]
+fn a_4_by_4_grid_runs_rows_and_columns_at_once_over_shared_memory() {
+    grid(TransportKind::Shm);
+}
+
+#[test]
+fn nocolor_ranks_get_no_communicator_and_the_rest_carry_on() {
+    let comms = threads(5, TransportKind::Auto);
+    let got = each(&comms, |c| {
+        let color = (c.rank() % 2 == 0).then_some(7);
+        let child = c.split(color, c.rank() as i32).expect("split");
+        let size = child.as_ref().map(|k| k.world_size());
+        if let Some(k) = &child {
+            let mut x = [1u32; 8];
+            k.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce");
+            assert_eq!(x, [3; 8]);
+        }
+        // The parent keeps working after the split.
+        let mut y = [1u32; 2];
+        c.all_reduce_in_place(&mut y, ReduceOp::Sum).expect("parent allreduce");
+        assert_eq!(y, [5; 2]);
+        size
+    });
+    assert_eq!(got, vec![Some(3), None, Some(3), None, Some(3)]);
+}
+
+#[test]
+fn a_split_of_a_poisoned_communicator_is_refused() {
+    let comms = threads(2, TransportKind::Auto);
+    comms[0].abort();
+    let errors = each(&comms, |c| c.split(Some(0), 0).expect_err("poisoned").to_string());
+    for e in errors {
+        assert!(e.contains("aborted"), "{e}");
+    }
+}

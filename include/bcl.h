@@ -76,7 +76,8 @@ typedef enum {
   bclInternalError = 10,    /* a BCL bug (a caught panic included) */
   bclRemoteError = 11,      /* another rank died, hung, lost its link or aborted: the message
                                (bclGetLastError) is the verdict naming it and the cause */
-  bclNumResults = 12
+  bclExcluded = 12,         /* the other survivors of a shrink left this rank out */
+  bclNumResults = 13
 } bclResult_t;
 
 /* Element types: NCCL's names and numbers. */

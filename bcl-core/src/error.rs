@@ -30,6 +30,8 @@ pub enum Cause {
     Desync,
     /// A rank aborted the communicator on purpose.
     Aborted,
+    /// A rank revoked the communicator (to shrink or destroy it); no rank is at fault.
+    Revoked,
 }
 
 impl Cause {
@@ -120,6 +122,17 @@ pub enum Error {
     #[error("communicator is unusable after an earlier error: {0}")]
     Poisoned(String),
 
+    /// The other survivors of a shrink left this rank out (they found it dead or
+    /// unresponsive, or their list excludes it): it belongs to no new communicator.
+    #[error(
+        "rank {rank} was excluded from the shrunk communicator by rank {by} (excluded: {excluded:?})"
+    )]
+    Excluded {
+        rank: usize,
+        by: usize,
+        excluded: Vec<usize>,
+    },
+
     /// A backend or transport is not available in this build or on this machine.
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -149,6 +162,7 @@ impl Error {
             Error::Unavailable(_) => 9,
             Error::Internal(_) => 10,
             Error::Fault { .. } => 11,
+            Error::Excluded { .. } => 12,
         }
     }
 

@@ -17,7 +17,8 @@ pub const BCL_POISONED: BclResult = 8;
 pub const BCL_UNAVAILABLE: BclResult = 9;
 pub const BCL_INTERNAL_ERROR: BclResult = 10;
 pub const BCL_REMOTE_ERROR: BclResult = 11;
-pub const BCL_NUM_RESULTS: BclResult = 12;
+pub const BCL_EXCLUDED: BclResult = 12;
+pub const BCL_NUM_RESULTS: BclResult = 13;
 
 /// The code of a core error (one to one: `Error::code`, whose numbers these constants are).
 pub fn code_of(e: &Error) -> BclResult {
@@ -41,6 +42,7 @@ pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
         BCL_REMOTE_ERROR => {
             c"another rank died, hung, lost its link or aborted (the verdict names it and why)"
         }
+        BCL_EXCLUDED => c"this rank was excluded from the shrunk communicator by the other survivors",
         _ => c"unknown result code",
     }
 }

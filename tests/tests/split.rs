@@ -109,3 +109,47 @@ fn a_split_of_a_poisoned_communicator_is_refused() {
         assert!(e.contains("aborted"), "{e}");
     }
 }
+
+/// Shrink with threads: rank 3 destroys its communicator (its health port closes, as a dead
+/// process's does); the others shrink, by list and by finding it gone.
+fn shrink_without_rank_3(exclude: bcl_core::Exclude<'static>) {
+    let mut comms = threads(4, TransportKind::Auto);
+    drop(comms.pop());
+    let shrunk = each(&comms, |c| {
+        let s = c.shrink(exclude, bcl_core::ShrinkMode::Default).expect("shrink");
+        let mut x = [c.rank() as u32 + 1; 16];
+        s.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce on the survivors");
+        (s.rank(), s.world_size(), x[0])
+    });
+    assert_eq!(shrunk, vec![(0, 3, 6), (1, 3, 6), (2, 3, 6)]);
+}
+
+#[test]
+fn survivors_shrink_by_list_in_process() {
+    shrink_without_rank_3(bcl_core::Exclude::Ranks(&[3]));
+}
+
+#[test]
+fn survivors_shrink_by_finding_the_gone_rank_in_process() {
+    shrink_without_rank_3(bcl_core::Exclude::Failed);
+}
+
+#[test]
+fn survivors_passing_different_lists_get_an_error_naming_both() {
+    let comms = threads(4, TransportKind::Auto);
+    let errors = each(&comms[..3], |c| {
+        let list: &[usize] = if c.rank() == 0 { &[3] } else { &[2, 3] };
+        if c.rank() == 2 {
+            // rank 2 is on rank 1's list: it tries to stay, and is told it was excluded.
+            return c.shrink(bcl_core::Exclude::Ranks(&[3]), bcl_core::ShrinkMode::Default).map(|_| ()).expect_err("excluded").to_string();
+        }
+        c.shrink(bcl_core::Exclude::Ranks(list), bcl_core::ShrinkMode::Default)
+            .map(|_| ())
+            .expect_err("inconsistent lists")
+            .to_string()
+    });
+    eprintln!("{errors:#?}");
+    assert!(errors[0].contains("[3]") && errors[0].contains("[2, 3]"), "{}", errors[0]);
+    assert!(errors[1].contains("[3]") && errors[1].contains("[2, 3]"), "{}", errors[1]);
+    assert!(errors[2].contains("excluded") || errors[2].contains("[2, 3]"), "{}", errors[2]);
+}

@@ -24,10 +24,12 @@ mod errors;
 mod host;
 mod init;
 mod op;
+mod shrink;
 mod split;
 mod wait;
 
 pub use init::CommBuilder;
+pub use shrink::{Exclude, ShrinkMode};
 
 use crate::config::CommConfig;
 use crate::exec::WallClock;
@@ -175,6 +177,25 @@ impl Communicator {
             shared.rank,
             &shared.peers,
             "abort() called",
+            shared.health.current_op().as_deref(),
+        );
+        shared.health.report(verdict);
+    }
+
+    /// Revoke (ncclCommRevoke, MPIX_Comm_revoke): every operation in flight on this
+    /// communicator, on every rank, fails promptly with an error saying this rank revoked it,
+    /// and later operations are refused; [`Communicator::shrink`] and destroying still work.
+    /// Not collective: one rank calls it, from any thread, even while another thread of it is
+    /// inside a collective. Unlike [`Communicator::abort`] it blames no rank, so a shrink
+    /// with [`ShrinkMode::Failed`] after it keeps every rank that is alive.
+    pub fn revoke(&self) {
+        let shared = &self.shared;
+        let verdict = Verdict::new(
+            Cause::Revoked,
+            vec![shared.rank],
+            shared.rank,
+            &shared.peers,
+            "revoke() called",
             shared.health.current_op().as_deref(),
         );
         shared.health.report(verdict);

@@ -20,6 +20,8 @@ pub(crate) struct Mailbox {
     /// The excluded set of this rank's agreement in progress, or of the last one it decided:
     /// a rank in it that writes is told it was excluded.
     pub(crate) excluded: Option<Vec<u32>>,
+    /// Why this rank's shrink failed, told to ranks that write afterwards.
+    pub(crate) abandoned: Option<String>,
     /// Proposals of ranks this rank's agreement had excluded (zombies, late ranks): counted.
     pub(crate) refused: u64,
 }
@@ -56,6 +58,8 @@ pub(crate) enum Sent {
     Delivered,
     /// The receiver's agreement excludes this rank.
     ExcludedMe(Vec<u32>),
+    /// The receiver's shrink failed, for this reason.
+    Abandoned(String),
     /// Not delivered; what a query of the receiver found then.
     Failed(Liveness),
 }
@@ -76,6 +80,9 @@ pub(super) fn serve(inner: &Inner, peer: usize, message: Message) -> Message {
     {
         mb.refused += 1;
         return Message::ExcludedYou(ex);
+    }
+    if let Some(why) = mb.abandoned.clone() {
+        return Message::Abandoned(why);
     }
     match message {
         Message::Propose(p) if p.from as usize == peer => mb.proposals.push(p),
@@ -105,6 +112,7 @@ pub(super) fn send(inner: &Inner, to: usize, message: &Message) -> Sent {
     match answer {
         Ok(Message::Accepted) => Sent::Delivered,
         Ok(Message::ExcludedYou(ex)) => Sent::ExcludedMe(ex),
+        Ok(Message::Abandoned(why)) => Sent::Abandoned(why),
         Ok(other) => Sent::Failed(Liveness::Silent(format!("unexpected answer {other:?}"))),
         Err(_) => Sent::Failed(diagnose::query(inner, to).into()),
     }
@@ -148,9 +156,9 @@ impl super::Health {
         self.inner.post.mailbox.lock().excluded = Some(excluded);
     }
 
-    /// How many membership messages came from ranks this rank's agreement had excluded.
-    pub(crate) fn refused_from_excluded(&self) -> u64 {
-        self.inner.post.mailbox.lock().refused
+    /// This rank's shrink failed: ranks that write are told why.
+    pub(crate) fn abandon(&self, why: String) {
+        self.inner.post.mailbox.lock().abandoned = Some(why);
     }
 
     /// Ask `rank` directly whether it is there.
@@ -171,10 +179,5 @@ impl super::Health {
             }
             _ => Vec::new(),
         }
-    }
-
-    /// How long one probe may take.
-    pub(crate) fn probe_timeout(&self) -> Duration {
-        self.inner.probe_timeout
     }
 }

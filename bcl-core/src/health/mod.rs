@@ -23,6 +23,7 @@
 
 mod diagnose;
 mod membership;
+pub(crate) use membership::{Liveness, Sent};
 mod recorder;
 mod service;
 pub mod slow;

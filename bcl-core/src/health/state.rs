@@ -223,6 +223,7 @@ impl Inner {
             "flight_recorder": records,
             "slow": self.summary.lock().clone(),
             "ring": self.ring.get(),
+            "membership_messages_refused": self.post.mailbox.lock().refused,
         })
     }
 }

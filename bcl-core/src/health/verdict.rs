@@ -70,6 +70,7 @@ impl Verdict {
             Cause::Died => format!("{} died", label(peers, first)),
             Cause::Unresponsive => format!("{} is unresponsive", label(peers, first)),
             Cause::Aborted => format!("{} aborted the communicator", label(peers, first)),
+            Cause::Revoked => format!("{} revoked the communicator", label(peers, first)),
             Cause::Unreachable => format!(
                 "{} cannot reach {} and no other rank could check on it",
                 label(peers, second),

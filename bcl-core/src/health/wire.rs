@@ -84,6 +84,8 @@ pub enum Message {
     Accepted,
     /// The receiver's agreement excludes the sender: these are the excluded ranks.
     ExcludedYou(Vec<u32>),
+    /// The receiver's shrink failed (the reason): the sender's will not complete either.
+    Abandoned(String),
 }
 
 /// `message` framed, ready to write.

@@ -170,6 +170,11 @@ impl Agreement {
         self.waiting_on().is_empty().then(|| self.excluded())
     }
 
+    /// Whether any other rank's proposal arrived.
+    pub fn heard_from_anyone(&self) -> bool {
+        !self.latest.is_empty()
+    }
+
     /// Whether `rank`'s latest proposal excludes more than this rank's set does: it has moved
     /// on to a larger set, so whatever was built from this one will not meet it.
     pub fn overtaken_by(&self, rank: u32) -> bool {

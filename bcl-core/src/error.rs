@@ -123,7 +123,8 @@ pub enum Error {
     Poisoned(String),
 
     /// The other survivors of a shrink left this rank out (they found it dead or
-    /// unresponsive, or their list excludes it): it belongs to no new communicator.
+    /// unresponsive, or their list excludes it): it belongs to no new communicator. `by` is
+    /// this rank itself when no other rank took part (all gone, or they left without it).
     #[error(
         "rank {rank} was excluded from the shrunk communicator by rank {by} (excluded: {excluded:?})"
     )]

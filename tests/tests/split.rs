@@ -12,6 +12,8 @@ fn threads(world: usize, transport: TransportKind) -> Vec<Communicator> {
         CommConfig {
             transport,
             op_timeout: Duration::from_secs(20),
+            // Bounds the bad-use tests' waits (a grow whose new rank never comes).
+            init_timeout: Duration::from_secs(8),
             ..CommConfig::default()
         },
     )
@@ -152,4 +154,63 @@ fn survivors_passing_different_lists_get_an_error_naming_both() {
     assert!(errors[0].contains("[3]") && errors[0].contains("[2, 3]"), "{}", errors[0]);
     assert!(errors[1].contains("[3]") && errors[1].contains("[2, 3]"), "{}", errors[1]);
     assert!(errors[2].contains("excluded") || errors[2].contains("[2, 3]"), "{}", errors[2]);
+}
+
+#[test]
+fn a_new_rank_joins_a_grown_communicator_and_existing_ranks_keep_theirs() {
+    let comms = threads(3, TransportKind::Auto);
+    let id = comms[1].grow_unique_id().expect("id");
+    let grown = std::thread::scope(|s| {
+        let newcomer = s.spawn(|| {
+            bcl_core::CommBuilder::new(CommConfig::default())
+                .join_grown(3, 4, &id)
+                .expect("join the grown communicator")
+        });
+        let old: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let id = (c.rank() == 1).then_some(&id);
+                s.spawn(move || c.grow(4, id).expect("grow"))
+            })
+            .collect();
+        let mut all: Vec<Communicator> = old.into_iter().map(|h| h.join().expect("grow thread")).collect();
+        all.push(newcomer.join().expect("newcomer"));
+        all
+    });
+    let sums = each(&grown, |c| {
+        let mut x = [c.rank() as u64 + 1; 5];
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce on 4");
+        (c.rank(), c.world_size(), x[0])
+    });
+    assert_eq!(sums, vec![(0, 4, 10), (1, 4, 10), (2, 4, 10), (3, 4, 10)]);
+}
+
+#[test]
+fn grow_with_a_wrong_size_or_without_a_root_is_refused() {
+    let comms = threads(2, TransportKind::Auto);
+    let errors = each(&comms, |c| c.grow(2 + c.rank() + 1, None).map(|_| ()).expect_err("sizes differ").to_string());
+    assert!(errors.iter().all(|e| e.contains("different sizes")), "{errors:?}");
+    let errors = each(&comms, |c| c.grow(3, None).map(|_| ()).expect_err("no root").to_string());
+    assert!(errors.iter().all(|e| e.contains("exactly one")), "{errors:?}");
+    let e = comms[0].grow(1, None).map(|_| ()).expect_err("not larger").to_string();
+    assert!(e.contains("already has 2"), "{e}");
+    // A new rank told another size than the root's is refused, naming both.
+    let id = comms[0].grow_unique_id().expect("id");
+    std::thread::scope(|s| {
+        let wrong = s.spawn(|| {
+            let mut cfg = CommConfig::default();
+            cfg.init_timeout = Duration::from_secs(5);
+            bcl_core::CommBuilder::new(cfg).join_grown(2, 4, &id).map(|_| ()).expect_err("wrong size").to_string()
+        });
+        let old: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(move || c.grow(3, (c.rank() == 0).then_some(&id)).map(|_| ())))
+            .collect();
+        let e = wrong.join().expect("thread");
+        assert!(e.contains("grows to 4") && e.contains("grows it to 3"), "{e}");
+        for h in old {
+            // Rank 2 never came: the existing ranks time out naming it.
+            let _ = h.join().expect("thread");
+        }
+    });
 }

@@ -21,6 +21,7 @@ mod checks;
 mod child;
 mod device;
 mod errors;
+mod grow;
 mod host;
 mod init;
 mod op;

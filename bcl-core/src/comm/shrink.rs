@@ -219,6 +219,16 @@ impl Communicator {
             }
             if let Some(excluded) = agreement.decided() {
                 health.set_excluded(excluded.clone());
+                if excluded.len() + 1 == self.world_size() && !agreement.heard_from_anyone() {
+                    // Alone, and no rank ever wrote: they are gone or have left this
+                    // communicator (a stopped rank that continues after the others shrank
+                    // without it and destroyed the old one). Not a communicator of one.
+                    return Err(Retry::Fail(Error::Excluded {
+                        rank: self.rank(),
+                        by: self.rank(),
+                        excluded: excluded.iter().map(|&r| r as usize).collect(),
+                    }));
+                }
                 return Ok((0..self.world_size() as u32)
                     .filter(|r| !excluded.contains(r))
                     .collect());

@@ -1,0 +1,165 @@
+//! One rank of the recovery tests and of `scripts/recovery-bench.sh`, as a real process.
+//! `BCL_RECOVER_MODE`:
+//! * `survive` (default): join through the launcher variables, run checked fp32 allreduces of
+//!   `BCL_TEST_ELEMS` until one fails (a peer was killed or stopped), then shrink with
+//!   `Exclude::Failed`, run a checked allreduce on the survivors, and (with
+//!   `BCL_RECOVER_GROW_TO=N`) grow back to N: the new rank 0 writes the id to
+//!   `BCL_RECOVER_ID_FILE` for the process the test starts; then `BCL_RECOVER_AFTER` more
+//!   checked allreduces and exit 0. `BCL_RECOVER_DIE_IN_SHRINK=1`: abort the process
+//!   `BCL_RECOVER_DIE_AFTER_MS` into the shrink (a second death during the agreement).
+//! * `join`: a new process: wait for the id file, join the grown communicator as `BCL_RANK`
+//!   of `BCL_WORLD_SIZE`, and run the same checked allreduces.
+//!
+//! stdout lines: `ready`; `shrunk old=R new=r world=w ms=X`; `recovered at=T` (Unix ms of the
+//! first correct allreduce after the shrink); `grown at=T world=N`; `done`.
+//! Exit 0: done; 3: excluded by the others (the error on stderr); 4: init failed; 7: an
+//! operation failed for good.
+
+use bcl_core::{CommBuilder, CommConfig, Communicator, Error, Exclude, ReduceOp, ShrinkMode, UniqueId};
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+fn say(line: &str) {
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}
+
+/// One allreduce whose result is checked: every rank contributes `round + 1`.
+fn checked_allreduce(comm: &Communicator, buf: &mut [f32], round: usize) -> bcl_core::Result<()> {
+    buf.fill(round as f32 + 1.0);
+    comm.all_reduce_in_place(buf, ReduceOp::Sum)?;
+    let want = (round as f32 + 1.0) * comm.world_size() as f32;
+    if let Some(bad) = buf.iter().position(|&v| v != want) {
+        return Err(Error::Internal(format!(
+            "rank {} of {}: element {bad} is {} where {want} was expected",
+            comm.rank(),
+            comm.world_size(),
+            buf[bad]
+        )));
+    }
+    Ok(())
+}
+
+fn fail(comm_rank: usize, e: &Error) -> ExitCode {
+    eprintln!("rank {comm_rank} error at {} ms: {e}", unix_ms());
+    ExitCode::from(if matches!(e, Error::Excluded { .. }) { 3 } else { 7 })
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BCL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .try_init();
+    let mut buf = vec![0f32; var("BCL_TEST_ELEMS", 16 << 10)];
+    let comm = if var("BCL_RECOVER_MODE", String::from("survive")) == "join" {
+        match join() {
+            Ok(c) => c,
+            Err(e) => return fail(var("BCL_RANK", 0), &e),
+        }
+    } else {
+        let comm = match Communicator::init_from_env() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("init failed: {e}");
+                return ExitCode::from(4);
+            }
+        };
+        match survive(comm, &mut buf) {
+            Ok(c) => c,
+            Err(code) => return code,
+        }
+    };
+    for round in 0..var("BCL_RECOVER_AFTER", 20) {
+        if let Err(e) = checked_allreduce(&comm, &mut buf, round) {
+            return fail(comm.rank(), &e);
+        }
+    }
+    say("done");
+    ExitCode::SUCCESS
+}
+
+/// A new process joining the grown communicator.
+fn join() -> bcl_core::Result<Communicator> {
+    let path = var("BCL_RECOVER_ID_FILE", String::new());
+    let start = Instant::now();
+    let id: UniqueId = loop {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            break text.parse()?;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(Error::InvalidArgument(format!("no id in {path} after 60 s")));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let config = CommConfig::default().with_env(&|k| std::env::var(k).ok())?;
+    let comm = CommBuilder::new(config).join_grown(var("BCL_RANK", 0), var("BCL_WORLD_SIZE", 0), &id)?;
+    let mut buf = vec![0f32; var("BCL_TEST_ELEMS", 16 << 10)];
+    checked_allreduce(&comm, &mut buf, 0)?;
+    say(&format!("grown at={} world={}", unix_ms(), comm.world_size()));
+    Ok(comm)
+}
+
+/// Allreduce until a fault, shrink, check, and grow back if asked.
+fn survive(comm: Communicator, buf: &mut [f32]) -> Result<Communicator, ExitCode> {
+    let old = comm.rank();
+    let mut round = 0;
+    let first_error = loop {
+        match checked_allreduce(&comm, buf, round) {
+            Ok(()) if round == 0 => say("ready"),
+            Ok(()) => {}
+            Err(e) => break e,
+        }
+        round += 1;
+    };
+    eprintln!("rank {old} caught at {} ms: {first_error}", unix_ms());
+    if var("BCL_RECOVER_DIE_IN_SHRINK", 0) == 1 {
+        let after = Duration::from_millis(var("BCL_RECOVER_DIE_AFTER_MS", 0));
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            std::process::abort();
+        });
+    }
+    let t0 = Instant::now();
+    let shrunk = comm.shrink(Exclude::Failed, ShrinkMode::Abort).map_err(|e| fail(old, &e))?;
+    say(&format!(
+        "shrunk old={old} new={} world={} ms={}",
+        shrunk.rank(),
+        shrunk.world_size(),
+        t0.elapsed().as_millis()
+    ));
+    checked_allreduce(&shrunk, buf, 0).map_err(|e| fail(old, &e))?;
+    say(&format!("recovered at={}", unix_ms()));
+    // The old communicator goes now, as an application would destroy it.
+    drop(comm);
+    let grow_to: usize = var("BCL_RECOVER_GROW_TO", 0);
+    if grow_to == 0 {
+        return Ok(shrunk);
+    }
+    let id = if shrunk.rank() == 0 {
+        let id = shrunk.grow_unique_id().map_err(|e| fail(old, &e))?;
+        let path = var("BCL_RECOVER_ID_FILE", String::new());
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, id.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| fail(old, &Error::InvalidArgument(format!("writing {path}: {e}"))))?;
+        Some(id)
+    } else {
+        None
+    };
+    let grown = shrunk.grow(grow_to, id.as_ref()).map_err(|e| fail(old, &e))?;
+    checked_allreduce(&grown, buf, 0).map_err(|e| fail(old, &e))?;
+    say(&format!("grown at={} world={}", unix_ms(), grown.world_size()));
+    Ok(grown)
+}

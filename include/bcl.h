@@ -162,6 +162,62 @@ bclResult_t bclCommDestroy(bclComm_t comm);
  * for peers. May be called from another thread while a collective runs on `comm`. */
 bclResult_t bclCommAbort(bclComm_t comm);
 
+/* ---- Communicator life cycle: split, revoke, shrink, grow (NCCL's shapes) ----
+ * Each new communicator is independent of its parent: its own sequence numbers, health
+ * channel, flight recorder and connections, and a secret derived from the parent's and its
+ * exact membership, so no message of the parent (or of a rank left out) can reach it. It keeps
+ * the parent's settings and device: `config` must be NULL in this version (bclInvalidArgument
+ * otherwise). The parent stays valid (poisoned, if it was) until bclCommDestroy.
+ * Thread safety: a call on `comm` must not run concurrently with another call on `comm`,
+ * except bclCommRevoke and bclCommAbort, which may be called from any thread at any time. */
+
+#define BCL_SPLIT_NOCOLOR (-1)
+
+/* bclCommSplit: collective over every rank of `comm`. Ranks passing the same color (>= 0)
+ * form a communicator ranked by `key`, then by their rank in `comm`. A rank passing
+ * BCL_SPLIT_NOCOLOR takes part in no new communicator: its *newcomm is set to NULL. No
+ * rendezvous store is used (the exchange runs over `comm`). newcomm: must not be NULL. */
+bclResult_t bclCommSplit(bclComm_t comm, int color, int key, bclComm_t* newcomm,
+                         bclConfig_t* config);
+
+/* bclCommRevoke: not collective. Every operation in flight on `comm`, on every rank, fails
+ * promptly with bclRemoteError and a message naming the rank that revoked it; later
+ * operations are refused. The communicator can still be shrunk or destroyed. Unlike
+ * bclCommAbort it blames no rank and keeps the handle valid. flags: must be 0. */
+bclResult_t bclCommRevoke(bclComm_t comm, int flags);
+
+#define BCL_SHRINK_DEFAULT 0 /* no operation may be outstanding on this rank */
+#define BCL_SHRINK_ABORT 1   /* revoke first, so outstanding operations fail, and wait for them */
+#define BCL_SHRINK_FAILED 2  /* exclude the ranks found dead or unresponsive (list: NULL, 0) */
+
+/* bclCommShrink: called by the survivors only (every rank of `comm` not excluded). They form
+ * a communicator renumbered densely in the order of their ranks in `comm`. Works on a
+ * poisoned or revoked communicator; needs the health channel (not BCL_HEALTH=off).
+ * excludeRanksList / excludeRanksCount: the ranks to leave out; every survivor must pass the
+ * same list (different lists: bclInvalidArgument naming both). With BCL_SHRINK_FAILED they must
+ * be NULL and 0: the survivors agree on the ranks the health layer found dead or unresponsive,
+ * plus any found gone during the shrink, so no two survivors end up in communicators of
+ * different membership, even when another rank dies meanwhile. A rank the others excluded
+ * gets bclExcluded. Bounded by the init timeout (BCL_INIT_TIMEOUT_S); never hangs on a dead
+ * or stopped rank. flags: BCL_SHRINK_DEFAULT or BCL_SHRINK_ABORT, optionally | BCL_SHRINK_FAILED.
+ * newcomm: must not be NULL. */
+bclResult_t bclCommShrink(bclComm_t comm, const int* excludeRanksList, int excludeRanksCount,
+                          bclComm_t* newcomm, bclConfig_t* config, int flags);
+
+/* bclCommGetUniqueId: an id for growing `comm`, made by the rank that will be the grow's root
+ * (any one existing rank), to be handed to the new processes out of band. uniqueId: must not
+ * be NULL. */
+bclResult_t bclCommGetUniqueId(bclComm_t comm, bclUniqueId* uniqueId);
+
+/* bclCommGrow: grow to nRanks (> the current size). Existing ranks pass their `comm` and rank
+ * -1 and keep their ranks; exactly one of them (the root) passes the id it made with
+ * bclCommGetUniqueId, the others NULL. New ranks pass comm NULL, the id, and their new rank
+ * (from the current size up to nRanks - 1). Collective over the existing ranks, together with
+ * the new ones. A size that differs between ranks is bclInvalidArgument naming both. newcomm:
+ * must not be NULL. */
+bclResult_t bclCommGrow(bclComm_t comm, int nRanks, const bclUniqueId* uniqueId, int rank,
+                        bclComm_t* newcomm, bclConfig_t* config);
+
 /* bclCommGetAsyncError: *asyncError = bclPoisoned if an earlier failure broke the
  * communicator, else bclSuccess. asyncError: must not be NULL. */
 bclResult_t bclCommGetAsyncError(bclComm_t comm, bclResult_t* asyncError);

@@ -113,7 +113,12 @@ impl Agreement {
         if self.latest.get(&p.from).is_some_and(|old| old.seq >= p.seq) {
             return Ok(false);
         }
-        let theirs: BTreeSet<u32> = p.excluded.iter().copied().filter(|&r| r < self.world).collect();
+        let theirs: BTreeSet<u32> = p
+            .excluded
+            .iter()
+            .copied()
+            .filter(|&r| r < self.world)
+            .collect();
         self.latest.insert(p.from, p.clone());
         match self.mode {
             Mode::Fixed if theirs != self.excluded => Err(Failure::Conflict {
@@ -158,9 +163,9 @@ impl Agreement {
         self.members_but_me()
             .into_iter()
             .filter(|r| {
-                self.latest
-                    .get(r)
-                    .is_none_or(|p| p.excluded.iter().copied().collect::<BTreeSet<_>>() != self.excluded)
+                self.latest.get(r).is_none_or(|p| {
+                    p.excluded.iter().copied().collect::<BTreeSet<_>>() != self.excluded
+                })
             })
             .collect()
     }
@@ -192,7 +197,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             self.0 >> 33
         }
         fn below(&mut self, n: u64) -> u64 {
@@ -204,7 +212,12 @@ mod tests {
     /// `dead` ranks are dead from the start (known to `known` only), and `dying` die after
     /// sending a few messages. Ranks that find a peer silent eventually find it gone (a probe
     /// that is refused). Returns each live rank's decision.
-    fn run(world: u32, known: &[(u32, u32)], dying: &[(u32, usize)], seed: u64) -> Vec<(u32, Vec<u32>)> {
+    fn run(
+        world: u32,
+        known: &[(u32, u32)],
+        dying: &[(u32, usize)],
+        seed: u64,
+    ) -> Vec<(u32, Vec<u32>)> {
         let mut rng = Lcg(seed);
         let dead0: BTreeSet<u32> = known.iter().map(|(d, _)| *d).collect();
         let mut ranks: Vec<Agreement> = (0..world)
@@ -271,7 +284,10 @@ mod tests {
                 }
             }
         }
-        decided.into_iter().filter(|(r, _)| alive[*r as usize]).collect()
+        decided
+            .into_iter()
+            .filter(|(r, _)| alive[*r as usize])
+            .collect()
     }
 
     #[test]
@@ -289,12 +305,23 @@ mod tests {
             let decisions = run(world, &[(victim, knower)], &dying, seed);
             let first = &decisions.first().expect("someone decides").1;
             for (r, d) in &decisions {
-                assert_eq!(d, first, "seed {seed}: rank {r} decided {d:?}, another {first:?}");
+                assert_eq!(
+                    d, first,
+                    "seed {seed}: rank {r} decided {d:?}, another {first:?}"
+                );
                 assert!(d.contains(&victim), "seed {seed}: the dead rank was kept");
             }
             if dying.is_empty() {
-                assert_eq!(first, &vec![victim], "seed {seed}: only the dead rank leaves");
-                assert_eq!(decisions.len() as u32, world - 1, "seed {seed}: every survivor decides");
+                assert_eq!(
+                    first,
+                    &vec![victim],
+                    "seed {seed}: only the dead rank leaves"
+                );
+                assert_eq!(
+                    decisions.len() as u32,
+                    world - 1,
+                    "seed {seed}: every survivor decides"
+                );
             }
         }
     }
@@ -304,7 +331,10 @@ mod tests {
         for seed in 0..50 {
             let d = run(8, &[(3, 4), (6, 0)], &[], seed);
             assert_eq!(d.len(), 6, "seed {seed}");
-            assert!(d.iter().all(|(_, x)| x == &vec![3, 6]), "seed {seed}: {d:?}");
+            assert!(
+                d.iter().all(|(_, x)| x == &vec![3, 6]),
+                "seed {seed}: {d:?}"
+            );
         }
     }
 
@@ -312,9 +342,20 @@ mod tests {
     fn different_lists_are_a_conflict_naming_both() {
         let mut a = Agreement::new(0, 4, [3], Mode::Fixed);
         let err = a
-            .receive(Proposal { from: 1, seq: 0, excluded: vec![2] })
+            .receive(Proposal {
+                from: 1,
+                seq: 0,
+                excluded: vec![2],
+            })
             .expect_err("conflict");
-        assert_eq!(err, Failure::Conflict { mine: vec![3], theirs: vec![2], from: 1 });
+        assert_eq!(
+            err,
+            Failure::Conflict {
+                mine: vec![3],
+                theirs: vec![2],
+                from: 1
+            }
+        );
         let mut b = Agreement::new(0, 4, [3], Mode::Fixed);
         assert_eq!(b.found_gone(1), Err(Failure::KeptRankGone { rank: 1 }));
     }
@@ -323,16 +364,37 @@ mod tests {
     fn a_proposal_that_excludes_me_ends_my_part() {
         let mut a = Agreement::new(2, 4, [], Mode::Union);
         assert_eq!(
-            a.receive(Proposal { from: 0, seq: 1, excluded: vec![2] }),
-            Err(Failure::Excluded { by: 0, excluded: vec![2] })
+            a.receive(Proposal {
+                from: 0,
+                seq: 1,
+                excluded: vec![2]
+            }),
+            Err(Failure::Excluded {
+                by: 0,
+                excluded: vec![2]
+            })
         );
     }
 
     #[test]
     fn a_stale_proposal_does_not_overwrite_a_newer_one() {
         let mut a = Agreement::new(0, 3, [], Mode::Union);
-        assert_eq!(a.receive(Proposal { from: 1, seq: 1, excluded: vec![2] }), Ok(true));
-        assert_eq!(a.receive(Proposal { from: 1, seq: 0, excluded: vec![] }), Ok(false));
+        assert_eq!(
+            a.receive(Proposal {
+                from: 1,
+                seq: 1,
+                excluded: vec![2]
+            }),
+            Ok(true)
+        );
+        assert_eq!(
+            a.receive(Proposal {
+                from: 1,
+                seq: 0,
+                excluded: vec![]
+            }),
+            Ok(false)
+        );
         assert_eq!(a.decided(), Some(vec![2]));
     }
 }

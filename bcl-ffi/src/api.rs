@@ -6,7 +6,10 @@ use crate::guard::{call, last_error};
 use crate::registry;
 use crate::types::*;
 use bcl_core::config::{limits, process_env};
-use bcl_core::{Collective, CommConfig, Communicator, DataType, Error, TransportKind, UniqueId};
+use bcl_core::{
+    Collective, CommBuilder, CommConfig, Communicator, DataType, Error, Exclude, ShrinkMode,
+    TransportKind, UniqueId,
+};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::time::Duration;
@@ -462,6 +465,192 @@ pub extern "C" fn bclCommAbort(comm: BclComm) -> BclResult {
         let c = registry::remove(comm as usize)?;
         c.abort();
         Ok(())
+    })
+}
+
+/// The new communicator's settings: bcl.h asks for NULL (the parent's settings are kept).
+fn no_config(config: *const BclConfig) -> Result<(), Error> {
+    if config.is_null() {
+        Ok(())
+    } else {
+        Err(invalid(
+            "config must be NULL: a split, shrunk or grown communicator takes its parent's settings"
+                .into(),
+        ))
+    }
+}
+
+/// Store `child` (if any) in `*newcomm`, or NULL.
+///
+/// # Safety
+/// `newcomm` must be NULL (an error) or point to a writable `bclComm_t`.
+unsafe fn store_child(newcomm: *mut BclComm, child: Option<Communicator>) -> Result<(), Error> {
+    need(newcomm, "newcomm")?;
+    let handle = child.map_or(std::ptr::null_mut(), |c| registry::insert(c) as BclComm);
+    // SAFETY: bcl.h: `newcomm` is a writable bclComm_t.
+    unsafe { store(newcomm, "newcomm", handle) }
+}
+
+/// # Safety
+/// `newcomm` must be NULL or point to a writable `bclComm_t`; `config` must be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommSplit(
+    comm: BclComm,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut BclComm,
+    config: *const BclConfig,
+) -> BclResult {
+    call("bclCommSplit", || {
+        need(newcomm, "newcomm")?;
+        no_config(config)?;
+        let color = match color {
+            BCL_SPLIT_NOCOLOR => None,
+            c if c < 0 => {
+                return Err(invalid(format!(
+                    "color {c} is negative (use a color >= 0, or BCL_SPLIT_NOCOLOR)"
+                )));
+            }
+            c => Some(c as u32),
+        };
+        let parent = registry::get(comm as usize)?;
+        let child = parent.split(color, key)?;
+        // SAFETY: checked non-NULL above; bcl.h: a writable bclComm_t.
+        unsafe { store_child(newcomm, child) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclCommRevoke(comm: BclComm, flags: c_int) -> BclResult {
+    call("bclCommRevoke", || {
+        if flags != 0 {
+            return Err(invalid(format!(
+                "revoke flags {flags}: none are defined, pass 0"
+            )));
+        }
+        registry::get(comm as usize)?.revoke();
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `exclude` must be NULL or valid for reads of `exclude_count` ints; `newcomm` must be NULL
+/// or point to a writable `bclComm_t`; `config` must be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommShrink(
+    comm: BclComm,
+    exclude: *const c_int,
+    exclude_count: c_int,
+    newcomm: *mut BclComm,
+    config: *const BclConfig,
+    flags: c_int,
+) -> BclResult {
+    call("bclCommShrink", || {
+        need(newcomm, "newcomm")?;
+        no_config(config)?;
+        if flags & !(BCL_SHRINK_ABORT | BCL_SHRINK_FAILED) != 0 {
+            return Err(invalid(format!(
+                "shrink flags {flags:#x}: only BCL_SHRINK_ABORT and BCL_SHRINK_FAILED are defined"
+            )));
+        }
+        let count = rank_arg(exclude_count, "excludeRanksCount")?;
+        let mode = if flags & BCL_SHRINK_ABORT != 0 {
+            ShrinkMode::Abort
+        } else {
+            ShrinkMode::Default
+        };
+        let parent = registry::get(comm as usize)?;
+        let child = if flags & BCL_SHRINK_FAILED != 0 {
+            if !exclude.is_null() || count != 0 {
+                return Err(invalid(
+                    "BCL_SHRINK_FAILED takes no list: pass NULL and 0 (the survivors agree on the failed ranks)".into(),
+                ));
+            }
+            parent.shrink(Exclude::Failed, mode)?
+        } else {
+            // SAFETY: bcl.h: `excludeRanksList` holds `excludeRanksCount` ints (checked for
+            // NULL with a non-zero count and for overflow by read_slice).
+            let bytes = unsafe {
+                read_slice(
+                    exclude.cast(),
+                    count
+                        .checked_mul(std::mem::size_of::<c_int>())
+                        .ok_or_else(|| {
+                            invalid(format!("excludeRanksCount {count} is too large"))
+                        })?,
+                    "excludeRanksList",
+                )?
+            };
+            let ranks = bytes
+                .chunks_exact(std::mem::size_of::<c_int>())
+                .map(|b| {
+                    let v = c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                    rank_arg(v, "a rank in excludeRanksList")
+                })
+                .collect::<Result<Vec<usize>, Error>>()?;
+            parent.shrink(Exclude::Ranks(&ranks), mode)?
+        };
+        // SAFETY: checked non-NULL above; bcl.h: a writable bclComm_t.
+        unsafe { store_child(newcomm, Some(child)) }
+    })
+}
+
+/// # Safety
+/// `unique_id` must be NULL or point to a writable `bclUniqueId`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommGetUniqueId(
+    comm: BclComm,
+    unique_id: *mut BclUniqueId,
+) -> BclResult {
+    call("bclCommGetUniqueId", || {
+        need(unique_id, "uniqueId")?;
+        let text = registry::get(comm as usize)?.grow_unique_id()?.to_string();
+        let mut id = BclUniqueId { internal: [0; 128] };
+        id.internal[..text.len()].copy_from_slice(text.as_bytes());
+        // SAFETY: bcl.h: `uniqueId` is a writable bclUniqueId.
+        unsafe { store(unique_id, "uniqueId", id) }
+    })
+}
+
+/// # Safety
+/// `unique_id` must be NULL or point to a readable `bclUniqueId`; `newcomm` must be NULL or
+/// point to a writable `bclComm_t`; `config` must be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommGrow(
+    comm: BclComm,
+    nranks: c_int,
+    unique_id: *const BclUniqueId,
+    rank: c_int,
+    newcomm: *mut BclComm,
+    config: *const BclConfig,
+) -> BclResult {
+    call("bclCommGrow", || {
+        need(newcomm, "newcomm")?;
+        no_config(config)?;
+        let n = rank_arg(nranks, "nRanks")?;
+        let id = if unique_id.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL; bcl.h: a readable bclUniqueId.
+            Some(parse_id(unsafe { &*unique_id })?)
+        };
+        let child = if comm.is_null() {
+            let id = id.ok_or_else(|| {
+                invalid("a new rank (comm NULL) must pass the id its root made".into())
+            })?;
+            let rank = rank_arg(rank, "rank")?;
+            let config = CommConfig::default().with_env(&process_env)?;
+            CommBuilder::new(config).join_grown(rank, n, &id)?
+        } else {
+            if rank != -1 {
+                return Err(invalid(format!(
+                    "rank {rank}: an existing rank passes its communicator and rank -1 (it keeps its rank)"
+                )));
+            }
+            registry::get(comm as usize)?.grow(n, id.as_ref())?
+        };
+        // SAFETY: checked non-NULL above; bcl.h: a writable bclComm_t.
+        unsafe { store_child(newcomm, Some(child)) }
     })
 }
 

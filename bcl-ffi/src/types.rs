@@ -42,7 +42,9 @@ pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
         BCL_REMOTE_ERROR => {
             c"another rank died, hung, lost its link or aborted (the verdict names it and why)"
         }
-        BCL_EXCLUDED => c"this rank was excluded from the shrunk communicator by the other survivors",
+        BCL_EXCLUDED => {
+            c"this rank was excluded from the shrunk communicator by the other survivors"
+        }
         _ => c"unknown result code",
     }
 }
@@ -84,3 +86,10 @@ pub struct BclConfig {
 pub const BCL_CONFIG_MAGIC: u32 = 0xBC1C_0F16;
 /// `BCL_VERSION_CODE`: major*10000 + minor*100 + patch.
 pub const BCL_VERSION_CODE: c_int = 100;
+
+/// `bclCommSplit`'s color for ranks that take part in no new communicator.
+pub const BCL_SPLIT_NOCOLOR: std::ffi::c_int = -1;
+/// `bclCommShrink` flags.
+pub const BCL_SHRINK_DEFAULT: std::ffi::c_int = 0;
+pub const BCL_SHRINK_ABORT: std::ffi::c_int = 1;
+pub const BCL_SHRINK_FAILED: std::ffi::c_int = 2;

@@ -305,3 +305,9 @@ fn python_ctypes_client_on_four_processes_matches_numpy() {
         cmd
     });
 }
+
+#[test]
+fn c_program_splits_survives_a_dead_rank_by_shrinking_and_shrinks_after_a_revoke() {
+    let exe = compile("lifecycle.c", "lifecycle", false);
+    run_ranks(&exe, 4);
+}

@@ -8,14 +8,20 @@
 use bcl_core::UniqueId;
 use bcl_tests::procs::{Finished, RankSpec, finish, one_at_a_time, signal, spawn, unix_ms};
 use std::io::{BufRead, BufReader, Read};
-use std::sync::{Arc, Mutex};
 use std::process::Child;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const RECOVER_BIN: &str = env!("CARGO_BIN_EXE_bcl-recover");
 
-fn start(world: usize, env: &[(&str, &str)], per_rank: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Child> {
-    let id = UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id").to_string();
+fn start(
+    world: usize,
+    env: &[(&str, &str)],
+    per_rank: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Child> {
+    let id = UniqueId::new("127.0.0.1".parse().expect("ip"))
+        .expect("id")
+        .to_string();
     (0..world)
         .map(|rank| {
             let extra = per_rank(rank);
@@ -55,7 +61,9 @@ fn wait_ready(children: &mut [Child]) -> Outs {
                     if n == 0 {
                         break;
                     }
-                    sink.lock().expect("out").push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    sink.lock()
+                        .expect("out")
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
                 }
             });
             out
@@ -84,19 +92,39 @@ fn assert_recovered(survivors: &[(usize, Finished)], world: u128, injected: u128
     let mut new_ranks = Vec::new();
     let mut worst = 0;
     for (rank, f) in survivors {
-        assert_eq!(f.code, Some(0), "rank {rank} did not recover: {}\n{}", f.stdout, f.stderr);
-        assert_eq!(field(f, "shrunk", "world"), Some(world), "rank {rank}: {}", f.stdout);
+        assert_eq!(
+            f.code,
+            Some(0),
+            "rank {rank} did not recover: {}\n{}",
+            f.stdout,
+            f.stderr
+        );
+        assert_eq!(
+            field(f, "shrunk", "world"),
+            Some(world),
+            "rank {rank}: {}",
+            f.stdout
+        );
         new_ranks.push(field(f, "shrunk", "new").expect("new rank"));
         let at = field(f, "recovered", "at").expect("recovered line");
         worst = worst.max(at.saturating_sub(injected));
         assert!(f.stdout.contains("done"), "rank {rank}: {}", f.stdout);
     }
     new_ranks.sort_unstable();
-    assert_eq!(new_ranks, (0..world).collect::<Vec<_>>(), "survivors are renumbered densely");
+    assert_eq!(
+        new_ranks,
+        (0..world).collect::<Vec<_>>(),
+        "survivors are renumbered densely"
+    );
     worst
 }
 
-fn finish_all(children: Vec<Child>, outs: &Outs, within: Duration, skip: &[usize]) -> Vec<(usize, Finished)> {
+fn finish_all(
+    children: Vec<Child>,
+    outs: &Outs,
+    within: Duration,
+    skip: &[usize],
+) -> Vec<(usize, Finished)> {
     let deadline = Instant::now() + within;
     children
         .into_iter()
@@ -107,7 +135,10 @@ fn finish_all(children: Vec<Child>, outs: &Outs, within: Duration, skip: &[usize
                 let _ = c.wait();
                 None
             } else {
-                Some((r, with_out(finish(c, deadline, &format!("rank {r}")), &outs[r])))
+                Some((
+                    r,
+                    with_out(finish(c, deadline, &format!("rank {r}")), &outs[r]),
+                ))
             }
         })
         .collect()
@@ -171,12 +202,21 @@ fn a_second_rank_dies_during_the_shrink() {
                 let _ = c.wait();
                 continue;
             }
-            all.push((r, with_out(finish(c, deadline, &format!("rank {r}")), &outs[r])));
+            all.push((
+                r,
+                with_out(finish(c, deadline, &format!("rank {r}")), &outs[r]),
+            ));
         }
         let (dying, survivors): (Vec<_>, Vec<_>) = all.into_iter().partition(|(r, _)| *r == 4);
-        assert_ne!(dying[0].1.code, Some(0), "rank 4 should have died in its shrink");
+        assert_ne!(
+            dying[0].1.code,
+            Some(0),
+            "rank 4 should have died in its shrink"
+        );
         let worst = assert_recovered(&survivors, 6, injected);
-        eprintln!("rank 1 killed, rank 4 died {after_ms} ms into its shrink: recovered within {worst} ms");
+        eprintln!(
+            "rank 1 killed, rank 4 died {after_ms} ms into its shrink: recovered within {worst} ms"
+        );
     }
 }
 
@@ -190,13 +230,24 @@ fn a_stopped_rank_is_excluded_and_told_so_when_it_continues() {
     let stopped = children.remove(3);
     outs.remove(3);
     let survivors = finish_all(children, &outs, Duration::from_secs(60), &[]);
-    let survivors: Vec<(usize, Finished)> =
-        survivors.into_iter().map(|(r, f)| (if r >= 3 { r + 1 } else { r }, f)).collect();
+    let survivors: Vec<(usize, Finished)> = survivors
+        .into_iter()
+        .map(|(r, f)| (if r >= 3 { r + 1 } else { r }, f))
+        .collect();
     let worst = assert_recovered(&survivors, 7, injected);
     eprintln!("rank 3 stopped: the survivors' first correct allreduce within {worst} ms");
     signal(&stopped, "CONT");
-    let zombie = finish(stopped, Instant::now() + Duration::from_secs(60), "the stopped rank");
-    assert_eq!(zombie.code, Some(3), "the stopped rank should be told it was excluded: {}", zombie.stderr);
+    let zombie = finish(
+        stopped,
+        Instant::now() + Duration::from_secs(60),
+        "the stopped rank",
+    );
+    assert_eq!(
+        zombie.code,
+        Some(3),
+        "the stopped rank should be told it was excluded: {}",
+        zombie.stderr
+    );
     assert!(zombie.stderr.contains("excluded"), "{}", zombie.stderr);
 }
 
@@ -210,7 +261,10 @@ fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
     let env: Vec<(&str, &str)> = LOOP
         .iter()
         .copied()
-        .chain([("BCL_RECOVER_GROW_TO", "8"), ("BCL_RECOVER_ID_FILE", id_file.as_str())])
+        .chain([
+            ("BCL_RECOVER_GROW_TO", "8"),
+            ("BCL_RECOVER_ID_FILE", id_file.as_str()),
+        ])
         .collect();
     let mut children = start(8, &env, |_| vec![]);
     let outs = wait_ready(&mut children);
@@ -232,13 +286,31 @@ fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
     });
     let survivors = finish_all(children, &outs, Duration::from_secs(60), &[6]);
     assert_recovered(&survivors, 7, injected);
-    let joined = finish(newcomer, Instant::now() + Duration::from_secs(30), "the new rank");
-    assert_eq!(joined.code, Some(0), "the new rank: {}\n{}", joined.stdout, joined.stderr);
+    let joined = finish(
+        newcomer,
+        Instant::now() + Duration::from_secs(30),
+        "the new rank",
+    );
+    assert_eq!(
+        joined.code,
+        Some(0),
+        "the new rank: {}\n{}",
+        joined.stdout,
+        joined.stderr
+    );
     assert_eq!(field(&joined, "grown", "world"), Some(8));
     for (r, f) in &survivors {
-        assert_eq!(field(f, "grown", "world"), Some(8), "rank {r}: {}", f.stdout);
+        assert_eq!(
+            field(f, "grown", "world"),
+            Some(8),
+            "rank {r}: {}",
+            f.stdout
+        );
     }
     let grown_at = field(&joined, "grown", "at").expect("grown");
-    eprintln!("grown back to 8: {} ms after the new process was started", grown_at.saturating_sub(spawned_at));
+    eprintln!(
+        "grown back to 8: {} ms after the new process was started",
+        grown_at.saturating_sub(spawned_at)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

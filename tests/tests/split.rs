@@ -24,7 +24,10 @@ fn threads(world: usize, transport: TransportKind) -> Vec<Communicator> {
 fn each<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
@@ -34,8 +37,14 @@ fn grid(transport: TransportKind) {
         let r = c.rank();
         let (row, col) = (r / 4, r % 4);
         // Key reverses the order within a row: new rank = 3 - col.
-        let row_comm = c.split(Some(row as u32), -(col as i32)).expect("row split").expect("in a row");
-        let col_comm = c.split(Some(col as u32), row as i32).expect("column split").expect("in a column");
+        let row_comm = c
+            .split(Some(row as u32), -(col as i32))
+            .expect("row split")
+            .expect("in a row");
+        let col_comm = c
+            .split(Some(col as u32), row as i32)
+            .expect("column split")
+            .expect("in a column");
         assert_eq!(row_comm.world_size(), 4);
         assert_eq!(row_comm.rank(), 3 - col);
         assert_eq!(col_comm.rank(), row);
@@ -43,28 +52,46 @@ fn grid(transport: TransportKind) {
         let (row_sum, col_sum) = std::thread::scope(|s| {
             let h = s.spawn(|| {
                 let mut x = vec![r as f64; 1000];
-                row_comm.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("row allreduce");
+                row_comm
+                    .all_reduce_in_place(&mut x, ReduceOp::Sum)
+                    .expect("row allreduce");
                 x
             });
             let mut y = vec![r as i64 + 1; 777];
             for _ in 0..5 {
-                col_comm.all_reduce_in_place(&mut y, ReduceOp::Max).expect("column allreduce");
+                col_comm
+                    .all_reduce_in_place(&mut y, ReduceOp::Max)
+                    .expect("column allreduce");
             }
             (h.join().expect("row thread"), y)
         });
         let want_row: f64 = (0..4).map(|k| (row * 4 + k) as f64).sum();
-        assert!(row_sum.iter().all(|&v| v == want_row), "rank {r}: row sum {}", row_sum[0]);
-        assert!(col_sum.iter().all(|&v| v == (12 + col) as i64 + 1), "rank {r}: col max {}", col_sum[0]);
+        assert!(
+            row_sum.iter().all(|&v| v == want_row),
+            "rank {r}: row sum {}",
+            row_sum[0]
+        );
+        assert!(
+            col_sum.iter().all(|&v| v == (12 + col) as i64 + 1),
+            "rank {r}: col max {}",
+            col_sum[0]
+        );
         // An allgather in the row shows the order by key.
         let mut seen = vec![0u32; 4];
-        row_comm.all_gather(&[r as u32], &mut seen).expect("row allgather");
+        row_comm
+            .all_gather(&[r as u32], &mut seen)
+            .expect("row allgather");
         let want: Vec<u32> = (0..4).rev().map(|k| (row * 4 + k) as u32).collect();
         assert_eq!(seen, want, "rank {r}: row order");
         // A split of a split: the even and odd column members of each row.
-        let half = row_comm.split(Some((col % 2) as u32), 0).expect("split of a split").expect("member");
+        let half = row_comm
+            .split(Some((col % 2) as u32), 0)
+            .expect("split of a split")
+            .expect("member");
         assert_eq!(half.world_size(), 2);
         let mut z = [1u8; 3];
-        half.all_reduce_in_place(&mut z, ReduceOp::Sum).expect("half allreduce");
+        half.all_reduce_in_place(&mut z, ReduceOp::Sum)
+            .expect("half allreduce");
         assert_eq!(z, [2; 3]);
         (row_comm.ring().len(), col_comm.world_size())
     });
@@ -90,12 +117,14 @@ fn nocolor_ranks_get_no_communicator_and_the_rest_carry_on() {
         let size = child.as_ref().map(|k| k.world_size());
         if let Some(k) = &child {
             let mut x = [1u32; 8];
-            k.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce");
+            k.all_reduce_in_place(&mut x, ReduceOp::Sum)
+                .expect("allreduce");
             assert_eq!(x, [3; 8]);
         }
         // The parent keeps working after the split.
         let mut y = [1u32; 2];
-        c.all_reduce_in_place(&mut y, ReduceOp::Sum).expect("parent allreduce");
+        c.all_reduce_in_place(&mut y, ReduceOp::Sum)
+            .expect("parent allreduce");
         assert_eq!(y, [5; 2]);
         size
     });
@@ -106,7 +135,9 @@ fn nocolor_ranks_get_no_communicator_and_the_rest_carry_on() {
 fn a_split_of_a_poisoned_communicator_is_refused() {
     let comms = threads(2, TransportKind::Auto);
     comms[0].abort();
-    let errors = each(&comms, |c| c.split(Some(0), 0).expect_err("poisoned").to_string());
+    let errors = each(&comms, |c| {
+        c.split(Some(0), 0).expect_err("poisoned").to_string()
+    });
     for e in errors {
         assert!(e.contains("aborted"), "{e}");
     }
@@ -118,9 +149,12 @@ fn shrink_without_rank_3(exclude: bcl_core::Exclude<'static>) {
     let mut comms = threads(4, TransportKind::Auto);
     drop(comms.pop());
     let shrunk = each(&comms, |c| {
-        let s = c.shrink(exclude, bcl_core::ShrinkMode::Default).expect("shrink");
+        let s = c
+            .shrink(exclude, bcl_core::ShrinkMode::Default)
+            .expect("shrink");
         let mut x = [c.rank() as u32 + 1; 16];
-        s.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce on the survivors");
+        s.all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .expect("allreduce on the survivors");
         (s.rank(), s.world_size(), x[0])
     });
     assert_eq!(shrunk, vec![(0, 3, 6), (1, 3, 6), (2, 3, 6)]);
@@ -143,17 +177,39 @@ fn survivors_passing_different_lists_get_an_error_naming_both() {
         let list: &[usize] = if c.rank() == 0 { &[3] } else { &[2, 3] };
         if c.rank() == 2 {
             // rank 2 is on rank 1's list: it tries to stay, and is told it was excluded.
-            return c.shrink(bcl_core::Exclude::Ranks(&[3]), bcl_core::ShrinkMode::Default).map(|_| ()).expect_err("excluded").to_string();
+            return c
+                .shrink(
+                    bcl_core::Exclude::Ranks(&[3]),
+                    bcl_core::ShrinkMode::Default,
+                )
+                .map(|_| ())
+                .expect_err("excluded")
+                .to_string();
         }
-        c.shrink(bcl_core::Exclude::Ranks(list), bcl_core::ShrinkMode::Default)
-            .map(|_| ())
-            .expect_err("inconsistent lists")
-            .to_string()
+        c.shrink(
+            bcl_core::Exclude::Ranks(list),
+            bcl_core::ShrinkMode::Default,
+        )
+        .map(|_| ())
+        .expect_err("inconsistent lists")
+        .to_string()
     });
     eprintln!("{errors:#?}");
-    assert!(errors[0].contains("[3]") && errors[0].contains("[2, 3]"), "{}", errors[0]);
-    assert!(errors[1].contains("[3]") && errors[1].contains("[2, 3]"), "{}", errors[1]);
-    assert!(errors[2].contains("excluded") || errors[2].contains("[2, 3]"), "{}", errors[2]);
+    assert!(
+        errors[0].contains("[3]") && errors[0].contains("[2, 3]"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("[3]") && errors[1].contains("[2, 3]"),
+        "{}",
+        errors[1]
+    );
+    assert!(
+        errors[2].contains("excluded") || errors[2].contains("[2, 3]"),
+        "{}",
+        errors[2]
+    );
 }
 
 #[test]
@@ -173,13 +229,17 @@ fn a_new_rank_joins_a_grown_communicator_and_existing_ranks_keep_theirs() {
                 s.spawn(move || c.grow(4, id).expect("grow"))
             })
             .collect();
-        let mut all: Vec<Communicator> = old.into_iter().map(|h| h.join().expect("grow thread")).collect();
+        let mut all: Vec<Communicator> = old
+            .into_iter()
+            .map(|h| h.join().expect("grow thread"))
+            .collect();
         all.push(newcomer.join().expect("newcomer"));
         all
     });
     let sums = each(&grown, |c| {
         let mut x = [c.rank() as u64 + 1; 5];
-        c.all_reduce_in_place(&mut x, ReduceOp::Sum).expect("allreduce on 4");
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .expect("allreduce on 4");
         (c.rank(), c.world_size(), x[0])
     });
     assert_eq!(sums, vec![(0, 4, 10), (1, 4, 10), (2, 4, 10), (3, 4, 10)]);
@@ -188,11 +248,31 @@ fn a_new_rank_joins_a_grown_communicator_and_existing_ranks_keep_theirs() {
 #[test]
 fn grow_with_a_wrong_size_or_without_a_root_is_refused() {
     let comms = threads(2, TransportKind::Auto);
-    let errors = each(&comms, |c| c.grow(2 + c.rank() + 1, None).map(|_| ()).expect_err("sizes differ").to_string());
-    assert!(errors.iter().all(|e| e.contains("different sizes")), "{errors:?}");
-    let errors = each(&comms, |c| c.grow(3, None).map(|_| ()).expect_err("no root").to_string());
-    assert!(errors.iter().all(|e| e.contains("exactly one")), "{errors:?}");
-    let e = comms[0].grow(1, None).map(|_| ()).expect_err("not larger").to_string();
+    let errors = each(&comms, |c| {
+        c.grow(2 + c.rank() + 1, None)
+            .map(|_| ())
+            .expect_err("sizes differ")
+            .to_string()
+    });
+    assert!(
+        errors.iter().all(|e| e.contains("different sizes")),
+        "{errors:?}"
+    );
+    let errors = each(&comms, |c| {
+        c.grow(3, None)
+            .map(|_| ())
+            .expect_err("no root")
+            .to_string()
+    });
+    assert!(
+        errors.iter().all(|e| e.contains("exactly one")),
+        "{errors:?}"
+    );
+    let e = comms[0]
+        .grow(1, None)
+        .map(|_| ())
+        .expect_err("not larger")
+        .to_string();
     assert!(e.contains("already has 2"), "{e}");
     // A new rank told another size than the root's is refused, naming both.
     let id = comms[0].grow_unique_id().expect("id");
@@ -200,14 +280,21 @@ fn grow_with_a_wrong_size_or_without_a_root_is_refused() {
         let wrong = s.spawn(|| {
             let mut cfg = CommConfig::default();
             cfg.init_timeout = Duration::from_secs(5);
-            bcl_core::CommBuilder::new(cfg).join_grown(2, 4, &id).map(|_| ()).expect_err("wrong size").to_string()
+            bcl_core::CommBuilder::new(cfg)
+                .join_grown(2, 4, &id)
+                .map(|_| ())
+                .expect_err("wrong size")
+                .to_string()
         });
         let old: Vec<_> = comms
             .iter()
             .map(|c| s.spawn(move || c.grow(3, (c.rank() == 0).then_some(&id)).map(|_| ())))
             .collect();
         let e = wrong.join().expect("thread");
-        assert!(e.contains("grows to 4") && e.contains("grows it to 3"), "{e}");
+        assert!(
+            e.contains("grows to 4") && e.contains("grows it to 3"),
+            "{e}"
+        );
         for h in old {
             // Rank 2 never came: the existing ranks time out naming it.
             let _ = h.join().expect("thread");

@@ -2,8 +2,8 @@
 //! the child's settings and providers taken from the parent, its secret derived from the
 //! parent's and the child's membership, and the record a rank sends of itself.
 
-use super::init::{CommBuilder, Opened, open};
 use super::Communicator;
+use super::init::{CommBuilder, Opened, open};
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::peers::RankInfo;
@@ -88,7 +88,10 @@ pub(super) fn decode_record(rank: usize, bytes: &[u8], from: &str) -> Result<Ran
     if info.rank != rank {
         return Err(Error::Bootstrap {
             rank,
-            reason: format!("{from} sent the record of rank {} as rank {rank}'s", info.rank),
+            reason: format!(
+                "{from} sent the record of rank {} as rank {rank}'s",
+                info.rank
+            ),
         });
     }
     Ok(info)

@@ -105,10 +105,12 @@ impl CommBuilder {
         let deadline = Instant::now() + self.config().init_timeout;
         let prefix = self.config().store_prefix.clone();
         let server = if root {
-            Some(TcpStoreServer::start(id.addr, id.secret).map_err(|e| Error::Bootstrap {
-                rank,
-                reason: format!("grow: the root cannot serve the store at {}: {e}", id.addr),
-            })?)
+            Some(
+                TcpStoreServer::start(id.addr, id.secret).map_err(|e| Error::Bootstrap {
+                    rank,
+                    reason: format!("grow: the root cannot serve the store at {}: {e}", id.addr),
+                })?,
+            )
         } else {
             None
         };
@@ -124,14 +126,19 @@ impl CommBuilder {
         if root {
             store
                 .set(&key, n_ranks.to_string().as_bytes())
-                .map_err(|e| Error::Bootstrap { rank, reason: e.to_string() })?;
+                .map_err(|e| Error::Bootstrap {
+                    rank,
+                    reason: e.to_string(),
+                })?;
         }
-        let told = store.get(&key, deadline).map_err(|e| Error::BootstrapTimeout {
-            rank,
-            missing: vec![],
-            waited_s: self.config().init_timeout.as_secs_f64(),
-            detail: format!("grow: waiting for the root to publish the size: {e}"),
-        })?;
+        let told = store
+            .get(&key, deadline)
+            .map_err(|e| Error::BootstrapTimeout {
+                rank,
+                missing: vec![],
+                waited_s: self.config().init_timeout.as_secs_f64(),
+                detail: format!("grow: waiting for the root to publish the size: {e}"),
+            })?;
         let told = String::from_utf8_lossy(&told).to_string();
         if told != n_ranks.to_string() {
             return Err(Error::InvalidArgument(format!(

@@ -79,7 +79,12 @@ impl Communicator {
         self.settle_outstanding(mode, deadline)?;
         let n = self.next_child();
         let world = self.world_size() as u32;
-        let mut agreement = Agreement::new(me as u32, world, initial.iter().map(|&r| r as u32), agree_mode);
+        let mut agreement = Agreement::new(
+            me as u32,
+            world,
+            initial.iter().map(|&r| r as u32),
+            agree_mode,
+        );
         shared.health.set_excluded(agreement.excluded());
         loop {
             let outcome = self
@@ -137,7 +142,9 @@ impl Communicator {
         }
         let mut queued = shared.queued.lock();
         while *queued > 0 && Instant::now() < deadline {
-            shared.drained.wait_for(&mut queued, Duration::from_millis(50));
+            shared
+                .drained
+                .wait_for(&mut queued, Duration::from_millis(50));
         }
         Ok(())
     }

@@ -39,7 +39,10 @@ impl Communicator {
         let opened = match (color, new_rank) {
             (Some(c), Some(rank)) => {
                 let secret = self.child_secret(&format!("split:{n}:{c}"), &members);
-                Some(self.open_child(secret, rank, members.len()).map(|o| (secret, o)))
+                Some(
+                    self.open_child(secret, rank, members.len())
+                        .map(|o| (secret, o)),
+                )
             }
             _ => None,
         };
@@ -59,7 +62,12 @@ impl Communicator {
                 },
             });
         }
-        let slot = lens.iter().filter(|&&l| l != FAILED).max().copied().unwrap_or(0) as usize;
+        let slot = lens
+            .iter()
+            .filter(|&&l| l != FAILED)
+            .max()
+            .copied()
+            .unwrap_or(0) as usize;
         let mut mine_bytes = vec![0u8; slot];
         if let Some(Ok((_, (_, _, record)))) = &opened {
             mine_bytes[..record.len()].copy_from_slice(record);

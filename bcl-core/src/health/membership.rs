@@ -90,7 +90,11 @@ pub(super) fn serve(inner: &Inner, peer: usize, message: Message) -> Message {
             mb.infos.insert(peer as u32, (members, info));
         }
         other => {
-            tracing::debug!(rank = inner.rank, peer, "unexpected agreement message {other:?}");
+            tracing::debug!(
+                rank = inner.rank,
+                peer,
+                "unexpected agreement message {other:?}"
+            );
             return Message::Goodbye;
         }
     }
@@ -104,11 +108,17 @@ pub(super) fn send(inner: &Inner, to: usize, message: &Message) -> Sent {
     let Some(addr) = inner.health_address(to) else {
         return Sent::Failed(Liveness::Silent("no health address".into()));
     };
-    let answer = wire::dial(addr, &inner.secret, inner.rank, Purpose::Agree, inner.probe_timeout)
-        .and_then(|mut s| {
-            wire::send(&mut s, message)?;
-            wire::receive(&mut s)
-        });
+    let answer = wire::dial(
+        addr,
+        &inner.secret,
+        inner.rank,
+        Purpose::Agree,
+        inner.probe_timeout,
+    )
+    .and_then(|mut s| {
+        wire::send(&mut s, message)?;
+        wire::receive(&mut s)
+    });
     match answer {
         Ok(Message::Accepted) => Sent::Delivered,
         Ok(Message::ExcludedYou(ex)) => Sent::ExcludedMe(ex),

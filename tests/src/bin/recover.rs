@@ -15,17 +15,24 @@
 //! Exit 0: done; 3: excluded by the others (the error on stderr); 4: init failed; 7: an
 //! operation failed for good.
 
-use bcl_core::{CommBuilder, CommConfig, Communicator, Error, Exclude, ReduceOp, ShrinkMode, UniqueId};
+use bcl_core::{
+    CommBuilder, CommConfig, Communicator, Error, Exclude, ReduceOp, ShrinkMode, UniqueId,
+};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn unix_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 fn say(line: &str) {
@@ -51,7 +58,11 @@ fn checked_allreduce(comm: &Communicator, buf: &mut [f32], round: usize) -> bcl_
 
 fn fail(comm_rank: usize, e: &Error) -> ExitCode {
     eprintln!("rank {comm_rank} error at {} ms: {e}", unix_ms());
-    ExitCode::from(if matches!(e, Error::Excluded { .. }) { 3 } else { 7 })
+    ExitCode::from(if matches!(e, Error::Excluded { .. }) {
+        3
+    } else {
+        7
+    })
 }
 
 fn main() -> ExitCode {
@@ -99,15 +110,22 @@ fn join() -> bcl_core::Result<Communicator> {
             break text.parse()?;
         }
         if start.elapsed() > Duration::from_secs(60) {
-            return Err(Error::InvalidArgument(format!("no id in {path} after 60 s")));
+            return Err(Error::InvalidArgument(format!(
+                "no id in {path} after 60 s"
+            )));
         }
         std::thread::sleep(Duration::from_millis(2));
     };
     let config = CommConfig::default().with_env(&|k| std::env::var(k).ok())?;
-    let comm = CommBuilder::new(config).join_grown(var("BCL_RANK", 0), var("BCL_WORLD_SIZE", 0), &id)?;
+    let comm =
+        CommBuilder::new(config).join_grown(var("BCL_RANK", 0), var("BCL_WORLD_SIZE", 0), &id)?;
     let mut buf = vec![0f32; var("BCL_TEST_ELEMS", 16 << 10)];
     checked_allreduce(&comm, &mut buf, 0)?;
-    say(&format!("grown at={} world={}", unix_ms(), comm.world_size()));
+    say(&format!(
+        "grown at={} world={}",
+        unix_ms(),
+        comm.world_size()
+    ));
     Ok(comm)
 }
 
@@ -132,7 +150,9 @@ fn survive(comm: Communicator, buf: &mut [f32]) -> Result<Communicator, ExitCode
         });
     }
     let t0 = Instant::now();
-    let shrunk = comm.shrink(Exclude::Failed, ShrinkMode::Abort).map_err(|e| fail(old, &e))?;
+    let shrunk = comm
+        .shrink(Exclude::Failed, ShrinkMode::Abort)
+        .map_err(|e| fail(old, &e))?;
     say(&format!(
         "shrunk old={old} new={} world={} ms={}",
         shrunk.rank(),
@@ -158,8 +178,14 @@ fn survive(comm: Communicator, buf: &mut [f32]) -> Result<Communicator, ExitCode
     } else {
         None
     };
-    let grown = shrunk.grow(grow_to, id.as_ref()).map_err(|e| fail(old, &e))?;
+    let grown = shrunk
+        .grow(grow_to, id.as_ref())
+        .map_err(|e| fail(old, &e))?;
     checked_allreduce(&grown, buf, 0).map_err(|e| fail(old, &e))?;
-    say(&format!("grown at={} world={}", unix_ms(), grown.world_size()));
+    say(&format!(
+        "grown at={} world={}",
+        unix_ms(),
+        grown.world_size()
+    ));
     Ok(grown)
 }

@@ -278,8 +278,10 @@ fn grow_with_a_wrong_size_or_without_a_root_is_refused() {
     let id = comms[0].grow_unique_id().expect("id");
     std::thread::scope(|s| {
         let wrong = s.spawn(|| {
-            let mut cfg = CommConfig::default();
-            cfg.init_timeout = Duration::from_secs(5);
+            let cfg = CommConfig {
+                init_timeout: Duration::from_secs(5),
+                ..CommConfig::default()
+            };
             bcl_core::CommBuilder::new(cfg)
                 .join_grown(2, 4, &id)
                 .map(|_| ())

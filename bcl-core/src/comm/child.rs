@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 
 /// The in-process fabrics of children being built, by the child's secret: the ranks of a
 /// communicator of threads share one fabric, and each takes it from here (the last removes it).
-static MEM_FABRICS: Mutex<Option<HashMap<[u8; 16], (MemFabric, usize)>>> = Mutex::new(None);
+type Fabrics = HashMap<[u8; 16], (MemFabric, usize)>;
+static MEM_FABRICS: Mutex<Option<Fabrics>> = Mutex::new(None);
 
 fn mem_fabric(secret: &Secret, world: usize) -> MemFabric {
     let mut all = MEM_FABRICS.lock();

@@ -188,7 +188,7 @@ impl Communicator {
     /// and later operations are refused; [`Communicator::shrink`] and destroying still work.
     /// Not collective: one rank calls it, from any thread, even while another thread of it is
     /// inside a collective. Unlike [`Communicator::abort`] it blames no rank, so a shrink
-    /// with [`ShrinkMode::Failed`] after it keeps every rank that is alive.
+    /// with [`Exclude::Failed`](super::Exclude::Failed) after it keeps every rank that is alive.
     pub fn revoke(&self) {
         let shared = &self.shared;
         let verdict = Verdict::new(

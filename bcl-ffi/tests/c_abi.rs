@@ -75,7 +75,11 @@ fn compile_at(source: &Path, name: &str, static_link: bool) -> PathBuf {
         cmd.arg("-L")
             .arg(&lib)
             .arg("-lbcl")
-            .arg(format!("-Wl,-rpath,{}", lib.display()));
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            // DT_RPATH, searched before LD_LIBRARY_PATH: cargo's test runner puts
+            // target/<profile> on that path, where an older libbcl.so may lie (the
+            // cdylib there is rebuilt only by `cargo build`).
+            .arg("-Wl,--disable-new-dtags");
     }
     run_ok(&mut cmd, &format!("gcc {}", source.display()));
     out

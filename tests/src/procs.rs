@@ -118,6 +118,15 @@ pub fn wait_ready(children: &mut [Child]) {
     }
 }
 
+/// The variable `name` parsed, or `default` where it is unset or does not parse (for the
+/// rank binaries' test knobs).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Unix time in ms (comparable with the `at` of [`Finished::error_times`]).
 pub fn unix_ms() -> u128 {
     SystemTime::now()

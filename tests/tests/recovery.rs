@@ -9,7 +9,7 @@ use bcl_core::UniqueId;
 use bcl_tests::procs::{Finished, RankSpec, finish, one_at_a_time, signal, spawn, unix_ms};
 use std::io::{BufRead, BufReader, Read};
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const RECOVER_BIN: &str = env!("CARGO_BIN_EXE_bcl-recover");
@@ -40,8 +40,8 @@ fn start(
         .collect()
 }
 
-/// The stdout of each child, read on a thread of its own (so `finish` finds it there).
-type Outs = Vec<Arc<Mutex<String>>>;
+/// The rest of each child's stdout, read on a thread of its own that ends at the child's exit.
+type Outs = Vec<Option<JoinHandle<String>>>;
 
 /// Wait until every child printed `ready`; keep reading the rest of their stdout.
 fn wait_ready(children: &mut [Child]) -> Outs {
@@ -53,28 +53,21 @@ fn wait_ready(children: &mut [Child]) -> Outs {
             let mut line = String::new();
             reader.read_line(&mut line).expect("read");
             assert_eq!(line.trim(), "ready", "rank {r} did not start");
-            let out = Arc::new(Mutex::new(String::new()));
-            let sink = out.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 4096];
-                while let Ok(n) = reader.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    sink.lock()
-                        .expect("out")
-                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
-                }
-            });
-            out
+            Some(std::thread::spawn(move || {
+                let mut rest = String::new();
+                let _ = reader.read_to_string(&mut rest);
+                rest
+            }))
         })
         .collect()
 }
 
-/// `f` with the stdout its reader thread collected.
-fn with_out(mut f: Finished, out: &Arc<Mutex<String>>) -> Finished {
-    std::thread::sleep(Duration::from_millis(20));
-    f.stdout = out.lock().expect("out").clone();
+/// `f` with the stdout its reader thread collected (the child has exited: the pipe is at end).
+fn with_out(mut f: Finished, out: &mut Option<JoinHandle<String>>) -> Finished {
+    f.stdout = out
+        .take()
+        .map(|h| h.join().expect("stdout reader"))
+        .unwrap_or_default();
     f
 }
 
@@ -121,7 +114,7 @@ fn assert_recovered(survivors: &[(usize, Finished)], world: u128, injected: u128
 
 fn finish_all(
     children: Vec<Child>,
-    outs: &Outs,
+    outs: &mut Outs,
     within: Duration,
     skip: &[usize],
 ) -> Vec<(usize, Finished)> {
@@ -137,7 +130,7 @@ fn finish_all(
             } else {
                 Some((
                     r,
-                    with_out(finish(c, deadline, &format!("rank {r}")), &outs[r]),
+                    with_out(finish(c, deadline, &format!("rank {r}")), &mut outs[r]),
                 ))
             }
         })
@@ -149,13 +142,13 @@ const LOOP: &[(&str, &str)] = &[("BCL_TEST_ELEMS", "16384"), ("BCL_INIT_TIMEOUT_
 fn kill_and_shrink(victims: &[usize]) -> u128 {
     let _serial = one_at_a_time();
     let mut children = start(8, LOOP, |_| vec![]);
-    let outs = wait_ready(&mut children);
+    let mut outs = wait_ready(&mut children);
     std::thread::sleep(Duration::from_millis(200));
     let injected = unix_ms();
     for &v in victims {
         signal(&children[v], "KILL");
     }
-    let survivors = finish_all(children, &outs, Duration::from_secs(60), victims);
+    let survivors = finish_all(children, &mut outs, Duration::from_secs(60), victims);
     let worst = assert_recovered(&survivors, 8 - victims.len() as u128, injected);
     eprintln!("killed {victims:?}: every survivor's first correct allreduce within {worst} ms");
     worst
@@ -190,7 +183,7 @@ fn a_second_rank_dies_during_the_shrink() {
                 vec![]
             }
         });
-        let outs = wait_ready(&mut children);
+        let mut outs = wait_ready(&mut children);
         let injected = unix_ms();
         signal(&children[1], "KILL");
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -204,7 +197,7 @@ fn a_second_rank_dies_during_the_shrink() {
             }
             all.push((
                 r,
-                with_out(finish(c, deadline, &format!("rank {r}")), &outs[r]),
+                with_out(finish(c, deadline, &format!("rank {r}")), &mut outs[r]),
             ));
         }
         let (dying, survivors): (Vec<_>, Vec<_>) = all.into_iter().partition(|(r, _)| *r == 4);
@@ -229,7 +222,7 @@ fn a_stopped_rank_is_excluded_and_told_so_when_it_continues() {
     signal(&children[3], "STOP");
     let stopped = children.remove(3);
     outs.remove(3);
-    let survivors = finish_all(children, &outs, Duration::from_secs(60), &[]);
+    let survivors = finish_all(children, &mut outs, Duration::from_secs(60), &[]);
     let survivors: Vec<(usize, Finished)> = survivors
         .into_iter()
         .map(|(r, f)| (if r >= 3 { r + 1 } else { r }, f))
@@ -267,7 +260,7 @@ fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
         ])
         .collect();
     let mut children = start(8, &env, |_| vec![]);
-    let outs = wait_ready(&mut children);
+    let mut outs = wait_ready(&mut children);
     let injected = unix_ms();
     signal(&children[6], "KILL");
     let spawned_at = unix_ms();
@@ -284,7 +277,7 @@ fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
         ],
         wrapper: &[],
     });
-    let survivors = finish_all(children, &outs, Duration::from_secs(60), &[6]);
+    let survivors = finish_all(children, &mut outs, Duration::from_secs(60), &[6]);
     assert_recovered(&survivors, 7, injected);
     let joined = finish(
         newcomer,

@@ -10,17 +10,15 @@ use crate::peers::RankInfo;
 use bcl_transport::Secret;
 use bcl_transport::mem::MemFabric;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 /// The in-process fabrics of children being built, by the child's secret: the ranks of a
 /// communicator of threads share one fabric, and each takes it from here (the last removes it).
-type Fabrics = HashMap<[u8; 16], (MemFabric, usize)>;
-static MEM_FABRICS: Mutex<Option<Fabrics>> = Mutex::new(None);
+static MEM_FABRICS: Mutex<BTreeMap<[u8; 16], (MemFabric, usize)>> = Mutex::new(BTreeMap::new());
 
 fn mem_fabric(secret: &Secret, world: usize) -> MemFabric {
-    let mut all = MEM_FABRICS.lock();
-    let map = all.get_or_insert_with(HashMap::new);
+    let mut map = MEM_FABRICS.lock();
     let entry = map
         .entry(secret.0)
         .or_insert_with(|| (MemFabric::new(world), 0));
@@ -49,8 +47,13 @@ impl Communicator {
         ))
     }
 
-    /// A builder for a child of `world` ranks with this communicator's settings and device.
-    pub(super) fn child_builder(&self, secret: &Secret, world: usize) -> Result<CommBuilder> {
+    /// A builder with this communicator's settings and device, and `in_process()` in place of
+    /// an in-process transport (the others are opened anew from the settings); refused where
+    /// the transport was passed in, as BCL cannot open another endpoint of it.
+    pub(super) fn builder_like_this(
+        &self,
+        in_process: impl FnOnce() -> TransportKind,
+    ) -> Result<CommBuilder> {
         if self.shared.lineage.custom_transport {
             return Err(Error::Unavailable(format!(
                 "rank {}: this communicator's transport was passed in, and BCL cannot open \
@@ -60,9 +63,15 @@ impl Communicator {
         }
         let mut config = self.shared.config.clone();
         if let TransportKind::Mem(_) = config.transport {
-            config.transport = TransportKind::Mem(mem_fabric(secret, world));
+            config.transport = in_process();
         }
         Ok(CommBuilder::new(config).accelerator(self.shared.accelerator.clone()))
+    }
+
+    /// A builder for a child of `world` ranks of this communicator's ranks: its settings and
+    /// device; ranks that are threads of one process share the child's in-process fabric.
+    pub(super) fn child_builder(&self, secret: &Secret, world: usize) -> Result<CommBuilder> {
+        self.builder_like_this(|| TransportKind::Mem(mem_fabric(secret, world)))
     }
 
     /// Open the child's endpoint as `rank` of `world`: returns what to finish it with and the

@@ -12,7 +12,7 @@ use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::unique_id::UniqueId;
 use bcl_backends::ReduceOp;
-use bcl_transport::store::{Store, TcpStore, TcpStoreServer};
+use bcl_transport::store::Store;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,25 +65,15 @@ impl Communicator {
         let mut text = [0u8; ID_BYTES];
         if let Some(id) = id {
             let s = id.to_string();
-            text[..s.len().min(ID_BYTES)].copy_from_slice(&s.as_bytes()[..s.len().min(ID_BYTES)]);
+            let len = s.len().min(ID_BYTES); // at most 70 bytes: `bcl://[v6]:port/32 hex`
+            text[..len].copy_from_slice(&s.as_bytes()[..len]);
         }
         self.broadcast_in_place(&mut text, root)?;
         let end = text.iter().position(|&b| b == 0).unwrap_or(ID_BYTES);
         let id: UniqueId = String::from_utf8_lossy(&text[..end]).parse()?;
-        let mut config = self.config().clone();
-        if let TransportKind::Mem(_) = config.transport {
-            // New processes cannot join an in-process fabric.
-            config.transport = TransportKind::Auto;
-        }
-        let mut builder = CommBuilder::new(config);
-        if self.shared.lineage.custom_transport {
-            return Err(Error::Unavailable(format!(
-                "rank {me}: this communicator's transport was passed in, and BCL cannot open \
-                 another endpoint of it for the grown communicator"
-            )));
-        }
-        builder = builder.accelerator(self.shared.accelerator.clone());
-        builder.join_grown_as(me, n_ranks, &id, me == root)
+        // New processes cannot join an in-process fabric.
+        self.builder_like_this(|| TransportKind::Auto)?
+            .join_grown_as(me, n_ranks, &id, me == root)
     }
 }
 
@@ -104,24 +94,7 @@ impl CommBuilder {
         super::checks::check_rank(rank, n_ranks)?;
         let deadline = Instant::now() + self.config().init_timeout;
         let prefix = self.config().store_prefix.clone();
-        let server = if root {
-            Some(
-                TcpStoreServer::start(id.addr, id.secret).map_err(|e| Error::Bootstrap {
-                    rank,
-                    reason: format!("grow: the root cannot serve the store at {}: {e}", id.addr),
-                })?,
-            )
-        } else {
-            None
-        };
-        let store = TcpStore::connect(id.addr, &id.secret, deadline).map_err(|e| {
-            Error::BootstrapTimeout {
-                rank,
-                missing: vec![],
-                waited_s: self.config().init_timeout.as_secs_f64(),
-                detail: format!("grow: the root's store at {}: {e}", id.addr),
-            }
-        })?;
+        let (server, store) = self.root_store(rank, id, root, vec![], "the grow's root")?;
         let key = world_key(&prefix);
         if root {
             store

@@ -105,13 +105,30 @@ impl CommBuilder {
     /// `id.addr` (rank 0 starts it).
     pub fn join(self, rank: usize, world: usize, id: &UniqueId) -> Result<Communicator> {
         check_rank(rank, world)?;
+        let (server, store) = self.root_store(rank, id, rank == 0, vec![0], "rank 0")?;
+        let mut comm = self.join_store(rank, world, Arc::new(store), id.secret)?;
+        comm._store_server = server;
+        Ok(comm)
+    }
+
+    /// The store at `id.addr`, connected within the init timeout, and its server where this
+    /// rank serves it (`serve`). `root` names the rank that serves it in errors; `missing`
+    /// lists it where a timeout should name it.
+    pub(super) fn root_store(
+        &self,
+        rank: usize,
+        id: &UniqueId,
+        serve: bool,
+        missing: Vec<usize>,
+        root: &str,
+    ) -> Result<(Option<TcpStoreServer>, TcpStore)> {
         let init_timeout = self.config.init_timeout;
         let deadline = Instant::now() + init_timeout;
-        let server = if rank == 0 {
+        let server = if serve {
             Some(
                 TcpStoreServer::start(id.addr, id.secret).map_err(|e| Error::Bootstrap {
                     rank,
-                    reason: format!("rank 0 cannot serve the store at {}: {e}", id.addr),
+                    reason: format!("{root} cannot serve the store at {}: {e}", id.addr),
                 })?,
             )
         } else {
@@ -120,14 +137,12 @@ impl CommBuilder {
         let store = TcpStore::connect(id.addr, &id.secret, deadline).map_err(|e| {
             Error::BootstrapTimeout {
                 rank,
-                missing: vec![0],
+                missing,
                 waited_s: init_timeout.as_secs_f64(),
-                detail: e.to_string(),
+                detail: format!("the store {root} serves at {}: {e}", id.addr),
             }
         })?;
-        let mut comm = self.join_store(rank, world, Arc::new(store), id.secret)?;
-        comm._store_server = server;
-        Ok(comm)
+        Ok((server, store))
     }
 
     /// Join as `launch` says: through rank 0's store, or through a directory.

@@ -171,16 +171,7 @@ impl Communicator {
     /// from any thread while another is inside a collective. The communicator must still be
     /// dropped (destroyed) to release its threads and sockets.
     pub fn abort(&self) {
-        let shared = &self.shared;
-        let verdict = Verdict::new(
-            Cause::Aborted,
-            vec![shared.rank],
-            shared.rank,
-            &shared.peers,
-            "abort() called",
-            shared.health.current_op().as_deref(),
-        );
-        shared.health.report(verdict);
+        self.announce(Cause::Aborted, "abort() called");
     }
 
     /// Revoke (ncclCommRevoke, MPIX_Comm_revoke): every operation in flight on this
@@ -190,13 +181,18 @@ impl Communicator {
     /// inside a collective. Unlike [`Communicator::abort`] it blames no rank, so a shrink
     /// with [`Exclude::Failed`](super::Exclude::Failed) after it keeps every rank that is alive.
     pub fn revoke(&self) {
+        self.announce(Cause::Revoked, "revoke() called");
+    }
+
+    /// Make a verdict of `cause` about this rank, on purpose, every rank's.
+    fn announce(&self, cause: Cause, what: &str) {
         let shared = &self.shared;
         let verdict = Verdict::new(
-            Cause::Revoked,
+            cause,
             vec![shared.rank],
             shared.rank,
             &shared.peers,
-            "revoke() called",
+            what,
             shared.health.current_op().as_deref(),
         );
         shared.health.report(verdict);

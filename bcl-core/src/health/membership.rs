@@ -14,7 +14,9 @@ use std::time::Duration;
 /// What other ranks have sent this rank about a shrink.
 #[derive(Debug, Default)]
 pub(crate) struct Mailbox {
-    pub(crate) proposals: Vec<Proposal>,
+    /// Each rank's latest proposal not yet taken (a waiting rank sends it again every
+    /// 100 ms: only the newest counts, and the box stays one per rank).
+    pub(crate) proposals: BTreeMap<u32, Proposal>,
     /// Each rank's latest address record, with the membership it is for.
     pub(crate) infos: BTreeMap<u32, (Vec<u32>, Vec<u8>)>,
     /// The excluded set of this rank's agreement in progress, or of the last one it decided:
@@ -85,7 +87,11 @@ pub(super) fn serve(inner: &Inner, peer: usize, message: Message) -> Message {
         return Message::Abandoned(why);
     }
     match message {
-        Message::Propose(p) if p.from as usize == peer => mb.proposals.push(p),
+        Message::Propose(p) if p.from as usize == peer => {
+            if mb.proposals.get(&p.from).is_none_or(|old| old.seq < p.seq) {
+                mb.proposals.insert(p.from, p);
+            }
+        }
         Message::Address { members, info } => {
             mb.infos.insert(peer as u32, (members, info));
         }
@@ -149,7 +155,8 @@ impl super::Health {
 
     /// The proposals received since the last call.
     pub(crate) fn take_proposals(&self) -> Vec<Proposal> {
-        std::mem::take(&mut self.inner.post.mailbox.lock().proposals)
+        let taken = std::mem::take(&mut self.inner.post.mailbox.lock().proposals);
+        taken.into_values().collect()
     }
 
     /// `from`'s record for the communicator of `members`, if it has arrived.

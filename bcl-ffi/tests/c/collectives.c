@@ -5,22 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    bclResult_t r_ = (call);                                                          \
-    if (r_ != bclSuccess) {                                                           \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, bclGetErrorString(r_),          \
-              bclGetLastError(NULL));                                                 \
-      return 1;                                                                       \
-    }                                                                                 \
-  } while (0)
-#define EXPECT(cond, ...)                                                             \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      fprintf(stderr, __VA_ARGS__);                                                   \
-      return 2;                                                                       \
-    }                                                                                 \
-  } while (0)
+#include "check.h"
 
 int main(void) {
   bclComm_t comm;

@@ -24,22 +24,10 @@
 //! Log output (warnings included) goes to stderr too (`BCL_LOG` filters it).
 
 use bcl_core::{Collective, Communicator, DataType, ReduceOp};
+use bcl_tests::procs::{env_or as var, unix_ms};
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-}
+use std::time::{Duration, Instant};
 
 /// Run `call`; on error print it with its timing and return exit code 7.
 fn checked(rank: usize, call: impl FnOnce() -> bcl_core::Result<()>) -> Result<(), ExitCode> {

@@ -18,22 +18,10 @@
 use bcl_core::{
     CommBuilder, CommConfig, Communicator, Error, Exclude, ReduceOp, ShrinkMode, UniqueId,
 };
+use bcl_tests::procs::{env_or as var, unix_ms};
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-}
+use std::time::{Duration, Instant};
 
 fn say(line: &str) {
     println!("{line}");

@@ -326,10 +326,17 @@ fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAd
             let seen = diagnose::query(inner, target as usize);
             wire::send(&mut stream, &Message::ProbeResult { target, seen })
         }
-        Purpose::Deliver => wire::receive(&mut stream).map(|m| {
-            if let Message::Verdict(v) = m {
+        // Acknowledged once in force here: a rank that fails on purpose (a desync it found)
+        // goes only after its verdict is taken, so its closing sockets are not read as a death.
+        Purpose::Deliver => wire::receive(&mut stream).and_then(|m| match m {
+            Message::Verdict(v) => {
                 inner.accept(v, Some(peer));
+                wire::send(&mut stream, &Message::Accepted)
             }
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("expected a verdict, got {other:?}"),
+            )),
         }),
         Purpose::Report => wire::receive(&mut stream).and_then(|m| match m {
             Message::Window(w) if w.rank as usize == peer => {
@@ -373,7 +380,10 @@ pub(super) fn deliver(inner: &Arc<Inner>, verdict: &Verdict) {
             Purpose::Deliver,
             inner.probe_timeout,
         )
-        .and_then(|mut s| wire::send(&mut s, &Message::Verdict(verdict.clone())));
+        .and_then(|mut s| {
+            wire::send(&mut s, &Message::Verdict(verdict.clone()))?;
+            wire::receive(&mut s).map(|_| ())
+        });
         if let Err(e) = sent {
             tracing::debug!(
                 rank = inner.rank,

@@ -35,7 +35,7 @@ pub enum Purpose {
     Query,
     /// Ask the receiver to query `target` itself and say what it saw (an indirect probe).
     Probe { target: u32 },
-    /// A verdict follows; no reply.
+    /// A verdict follows; the reply is `Accepted` once it is in force.
     Deliver,
     /// A window of slow-node measurements follows (to rank 0); the reply is the detector's
     /// summary.
@@ -81,6 +81,7 @@ pub enum Message {
         members: Vec<u32>,
         info: Vec<u8>,
     },
+    /// The reply to a membership message or a delivered verdict: taken.
     Accepted,
     /// The receiver's agreement excludes the sender: these are the excluded ranks.
     ExcludedYou(Vec<u32>),

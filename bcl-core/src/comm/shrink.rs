@@ -76,6 +76,16 @@ impl Communicator {
             Exclude::Ranks(list) => (self.check_exclusions(list)?, Mode::Fixed),
             Exclude::Failed => (shared.health.failed_ranks(), Mode::Union),
         };
+        if initial.contains(&me) {
+            // The verdict in force names this rank (a stopped rank that continues and reads
+            // the others' verdict on it): the survivors go on without it.
+            let by = shared.health.verdict().map_or(me, |v| v.detected_by);
+            return Err(Error::Excluded {
+                rank: me,
+                by,
+                excluded: initial,
+            });
+        }
         self.settle_outstanding(mode, deadline)?;
         let n = self.next_child();
         let world = self.world_size() as u32;

@@ -59,10 +59,14 @@ struct Table {
     changed: Condvar,
 }
 
-/// The server side, run by rank 0. Dropping it stops accepting new clients.
+/// The server side, run by rank 0. Dropping it closes the port and every client connection
+/// and returns once its threads have ended, so a destroyed communicator leaves no thread or
+/// descriptor of its store behind (the kill → shrink → grow cycle test counts them).
 pub struct TcpStoreServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    table: Arc<Table>,
+    accept: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for TcpStoreServer {
@@ -88,12 +92,17 @@ impl TcpStoreServer {
             .map_err(|e| io("configuring", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(Table::default());
-        let stop2 = stop.clone();
-        std::thread::Builder::new()
+        let (stop2, table2) = (stop.clone(), table.clone());
+        let accept = std::thread::Builder::new()
             .name("bcl-store".into())
-            .spawn(move || serve(listener, secret, table, stop2))
+            .spawn(move || serve(listener, secret, table2, stop2))
             .map_err(|e| io("starting the server thread", e))?;
-        Ok(TcpStoreServer { addr, stop })
+        Ok(TcpStoreServer {
+            addr,
+            stop,
+            table,
+            accept: Some(accept),
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -104,22 +113,56 @@ impl TcpStoreServer {
 impl Drop for TcpStoreServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // Wake a client waiting for a key; taken under the lock so that a client between its
+        // check of `stop` and its wait cannot miss it.
+        {
+            let _map = self.table.map.lock();
+            self.table.changed.notify_all();
+        }
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
     }
 }
 
+/// The open client connections, so that a stopping server can shut them down; each client's
+/// thread removes its own entry (closing the copy) as it ends.
+type Connections = Arc<Mutex<HashMap<u64, TcpStream>>>;
+
+/// Accept clients until stopped; then shut every connection down (which wakes its thread
+/// from any read) and wait for their threads.
 fn serve(listener: TcpListener, secret: Secret, table: Arc<Table>, stop: Arc<AtomicBool>) {
+    let open: Connections = Arc::default();
+    let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut next = 0u64;
     while !stop.load(Ordering::Relaxed) {
+        // Strangers come and go: keep the handles of the live threads only.
+        threads.retain(|h| !h.is_finished());
         match listener.accept() {
             Ok((stream, from)) => {
-                let table = table.clone();
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = serve_client(stream, &secret, &table, &stop)
-                        && e.kind() != std::io::ErrorKind::UnexpectedEof
-                    {
-                        tracing::warn!(%from, error = %e, "store client dropped");
+                let (table, stop, open2) = (table.clone(), stop.clone(), open.clone());
+                let id = next;
+                next += 1;
+                if let Ok(copy) = stream.try_clone() {
+                    open.lock().insert(id, copy);
+                }
+                let spawned = std::thread::Builder::new()
+                    .name("bcl-store-client".into())
+                    .spawn(move || {
+                        if let Err(e) = serve_client(stream, &secret, &table, &stop)
+                            && e.kind() != std::io::ErrorKind::UnexpectedEof
+                        {
+                            tracing::warn!(%from, error = %e, "store client dropped");
+                        }
+                        open2.lock().remove(&id);
+                    });
+                match spawned {
+                    Ok(thread) => threads.push(thread),
+                    Err(e) => {
+                        open.lock().remove(&id);
+                        tracing::warn!(%from, error = %e, "no thread for a store client");
                     }
-                });
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(10));
@@ -129,6 +172,13 @@ fn serve(listener: TcpListener, secret: Secret, table: Arc<Table>, stop: Arc<Ato
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+    drop(listener);
+    for s in open.lock().values() {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    for thread in threads {
+        let _ = thread.join();
     }
 }
 
@@ -176,6 +226,7 @@ fn serve_client(
                 let mut map = table.map.lock();
                 loop {
                     if map.contains_key(&key)
+                        || stop.load(Ordering::Relaxed)
                         || table.changed.wait_until(&mut map, deadline).timed_out()
                     {
                         break Reply::Value(map.get(&key).cloned());

@@ -9,6 +9,11 @@
 //!   `BCL_RECOVER_DIE_AFTER_MS` into the shrink (a second death during the agreement).
 //! * `join`: a new process: wait for the id file, join the grown communicator as `BCL_RANK`
 //!   of `BCL_WORLD_SIZE`, and run the same checked allreduces.
+//! * `idle`: join, one checked allreduce, `ready`, then wait (bounded) for the file
+//!   `BCL_RECOVER_GO_FILE`, sleep `BCL_RECOVER_DELAY_MS`, and do `BCL_RECOVER_ACTION`:
+//!   `destroy` (drop the communicator: `destroyed ms=X`) or `shrink` (`Exclude::Failed`,
+//!   `ShrinkMode::Abort`, a checked allreduce on the result: `shrunk ...`, then destroy both).
+//!   For the tests that destroy or shrink while a peer is dead, stopped or shrinking.
 //!
 //! stdout lines: `ready`; `shrunk old=R new=r world=w ms=X`; `recovered at=T` (Unix ms of the
 //! first correct allreduce after the shrink); `grown at=T world=N`; `done`.
@@ -62,7 +67,11 @@ fn main() -> ExitCode {
         )
         .try_init();
     let mut buf = vec![0f32; var("BCL_TEST_ELEMS", 16 << 10)];
-    let comm = if var("BCL_RECOVER_MODE", String::from("survive")) == "join" {
+    let mode = var("BCL_RECOVER_MODE", String::from("survive"));
+    if mode == "idle" {
+        return idle(&mut buf);
+    }
+    let comm = if mode == "join" {
         match join() {
             Ok(c) => c,
             Err(e) => return fail(var("BCL_RANK", 0), &e),
@@ -86,6 +95,63 @@ fn main() -> ExitCode {
         }
     }
     say("done");
+    ExitCode::SUCCESS
+}
+
+/// The kinds of link this rank has to its peers, e.g. `shm` or `tcp,shm`.
+fn links(comm: &Communicator) -> String {
+    let mut kinds: Vec<&str> = (0..comm.world_size())
+        .filter_map(|p| comm.link(p).map(|l| l.name()))
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds.join(",")
+}
+
+/// Wait for the go file, then destroy or shrink (see the module comment).
+fn idle(buf: &mut [f32]) -> ExitCode {
+    let comm = match Communicator::init_from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("init failed: {e}");
+            return ExitCode::from(4);
+        }
+    };
+    let rank = comm.rank();
+    if let Err(e) = checked_allreduce(&comm, buf, 0) {
+        return fail(rank, &e);
+    }
+    say("ready");
+    let go = var("BCL_RECOVER_GO_FILE", String::new());
+    let start = Instant::now();
+    while !std::path::Path::new(&go).exists() {
+        if start.elapsed() > Duration::from_secs(60) {
+            eprintln!("rank {rank}: no go file {go} after 60 s");
+            return ExitCode::from(7);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(var("BCL_RECOVER_DELAY_MS", 0)));
+    let t0 = Instant::now();
+    if var("BCL_RECOVER_ACTION", String::from("destroy")) == "shrink" {
+        let shrunk = match comm.shrink(Exclude::Failed, ShrinkMode::Abort) {
+            Ok(s) => s,
+            Err(e) => return fail(rank, &e),
+        };
+        if let Err(e) = checked_allreduce(&shrunk, buf, 0) {
+            return fail(rank, &e);
+        }
+        say(&format!(
+            "shrunk old={rank} new={} world={} ms={}",
+            shrunk.rank(),
+            shrunk.world_size(),
+            t0.elapsed().as_millis()
+        ));
+        drop(shrunk);
+    }
+    let t1 = Instant::now();
+    drop(comm);
+    say(&format!("destroyed ms={}", t1.elapsed().as_millis()));
     ExitCode::SUCCESS
 }
 
@@ -117,63 +183,112 @@ fn join() -> bcl_core::Result<Communicator> {
     Ok(comm)
 }
 
-/// Allreduce until a fault, shrink, check, and grow back if asked.
+/// This process's open file descriptors, threads and resident memory, for the leak check of
+/// repeated kill → shrink → grow cycles. A live communicator has short-lived helpers (a
+/// health report dialled to rank 0, its accept on rank 0): the smallest of a few samples is
+/// the steady state, and a leak raises every sample.
+fn counts() -> String {
+    let entries = |dir: &str| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let (mut fds, mut threads) = (usize::MAX, usize::MAX);
+    for _ in 0..10 {
+        fds = fds.min(entries("/proc/self/fd"));
+        threads = threads.min(entries("/proc/self/task"));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let rss_kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    format!("fds={fds} threads={threads} rss_kb={rss_kb}")
+}
+
+/// Allreduce until a fault, shrink, check, and grow back if asked; with
+/// `BCL_RECOVER_CYCLES=N`, N such cycles (the grow of cycle k reads its id from
+/// `BCL_RECOVER_ID_FILE.k`), printing `counts at=k ...` after each grow (`at=start` after
+/// the first allreduce).
 fn survive(comm: Communicator, buf: &mut [f32]) -> Result<Communicator, ExitCode> {
-    let old = comm.rank();
-    let mut round = 0;
-    let first_error = loop {
-        match checked_allreduce(&comm, buf, round) {
-            Ok(()) if round == 0 => say("ready"),
-            Ok(()) => {}
-            Err(e) => break e,
-        }
-        round += 1;
-    };
-    eprintln!("rank {old} caught at {} ms: {first_error}", unix_ms());
-    if var("BCL_RECOVER_DIE_IN_SHRINK", 0) == 1 {
-        let after = Duration::from_millis(var("BCL_RECOVER_DIE_AFTER_MS", 0));
-        std::thread::spawn(move || {
-            std::thread::sleep(after);
-            std::process::abort();
-        });
-    }
-    let t0 = Instant::now();
-    let shrunk = comm
-        .shrink(Exclude::Failed, ShrinkMode::Abort)
-        .map_err(|e| fail(old, &e))?;
-    say(&format!(
-        "shrunk old={old} new={} world={} ms={}",
-        shrunk.rank(),
-        shrunk.world_size(),
-        t0.elapsed().as_millis()
-    ));
-    checked_allreduce(&shrunk, buf, 0).map_err(|e| fail(old, &e))?;
-    say(&format!("recovered at={}", unix_ms()));
-    // The old communicator goes now, as an application would destroy it.
-    drop(comm);
+    let cycles: usize = var("BCL_RECOVER_CYCLES", 1).max(1);
     let grow_to: usize = var("BCL_RECOVER_GROW_TO", 0);
-    if grow_to == 0 {
-        return Ok(shrunk);
+    let id_path = var("BCL_RECOVER_ID_FILE", String::new());
+    let mut comm = comm;
+    for cycle in 0..cycles {
+        let old = comm.rank();
+        let mut round = 0;
+        let first_error = loop {
+            match checked_allreduce(&comm, buf, round) {
+                Ok(()) if round == 0 && cycle == 0 => {
+                    say("ready");
+                    std::thread::sleep(Duration::from_millis(20));
+                    say(&format!("counts at=start {}", counts()));
+                }
+                Ok(()) => {}
+                Err(e) => break e,
+            }
+            round += 1;
+        };
+        eprintln!("rank {old} caught at {} ms: {first_error}", unix_ms());
+        if cycle == 0 && var("BCL_RECOVER_DIE_IN_SHRINK", 0) == 1 {
+            let after = Duration::from_millis(var("BCL_RECOVER_DIE_AFTER_MS", 0));
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                std::process::abort();
+            });
+        }
+        let t0 = Instant::now();
+        let shrunk = comm
+            .shrink(Exclude::Failed, ShrinkMode::Abort)
+            .map_err(|e| fail(old, &e))?;
+        say(&format!(
+            "shrunk old={old} new={} world={} ms={} links={} device={}",
+            shrunk.rank(),
+            shrunk.world_size(),
+            t0.elapsed().as_millis(),
+            links(&shrunk),
+            shrunk.accelerator().info().vendor
+        ));
+        checked_allreduce(&shrunk, buf, 0).map_err(|e| fail(old, &e))?;
+        say(&format!("recovered at={}", unix_ms()));
+        // The old communicator goes now, as an application would destroy it.
+        drop(comm);
+        if grow_to == 0 {
+            return Ok(shrunk);
+        }
+        let path = if cycles > 1 {
+            format!("{id_path}.{cycle}")
+        } else {
+            id_path.clone()
+        };
+        let id = if shrunk.rank() == 0 {
+            let id = shrunk.grow_unique_id().map_err(|e| fail(old, &e))?;
+            let tmp = format!("{path}.tmp");
+            std::fs::write(&tmp, id.to_string())
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| fail(old, &Error::InvalidArgument(format!("writing {path}: {e}"))))?;
+            Some(id)
+        } else {
+            None
+        };
+        let grown = shrunk
+            .grow(grow_to, id.as_ref())
+            .map_err(|e| fail(old, &e))?;
+        drop(shrunk);
+        checked_allreduce(&grown, buf, 0).map_err(|e| fail(old, &e))?;
+        say(&format!(
+            "grown at={} world={}",
+            unix_ms(),
+            grown.world_size()
+        ));
+        if cycles > 1 {
+            // The peers close their init-time store connections as their init returns; give
+            // the root's side of them a moment, so the counts are of the steady state.
+            std::thread::sleep(Duration::from_millis(20));
+            say(&format!("counts at={} {}", cycle + 1, counts()));
+        }
+        comm = grown;
     }
-    let id = if shrunk.rank() == 0 {
-        let id = shrunk.grow_unique_id().map_err(|e| fail(old, &e))?;
-        let path = var("BCL_RECOVER_ID_FILE", String::new());
-        let tmp = format!("{path}.tmp");
-        std::fs::write(&tmp, id.to_string())
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| fail(old, &Error::InvalidArgument(format!("writing {path}: {e}"))))?;
-        Some(id)
-    } else {
-        None
-    };
-    let grown = shrunk
-        .grow(grow_to, id.as_ref())
-        .map_err(|e| fail(old, &e))?;
-    checked_allreduce(&grown, buf, 0).map_err(|e| fail(old, &e))?;
-    say(&format!(
-        "grown at={} world={}",
-        unix_ms(),
-        grown.world_size()
-    ));
-    Ok(grown)
+    Ok(comm)
 }

@@ -569,10 +569,10 @@ fn destroy_returns_while_a_peer_is_dead_or_stopped() {
         if sig == "STOP" {
             // The stopped rank continues: its peers are gone; its own destroy returns too.
             signal(&peer, "CONT");
-            let mut out = vec![peer_out];
+            let mut out = peer_out;
             let f = with_out(
                 finish(peer, Instant::now() + DESTROY_BOUND, "the continued rank"),
-                &mut out[0],
+                &mut out,
             );
             assert_eq!(
                 f.code,

@@ -4,7 +4,7 @@
 #      --transport auto still working in a build with the rdma feature;
 #   2. in one boot of the Soft-RoCE VM (scripts/rdma-vm.sh): the transport's own tests, the
 #      conformance suite over rdma × cpu and rdma × cpu+sim at 2 and 4 ranks, the communicator
-#      tests, auto falling back to tcp when a rank's rdma device cannot be opened, auto
+#      tests, a killed rank's survivors shrinking over rdma, auto falling back to tcp when a rank's rdma device cannot be opened, auto
 #      choosing rdma between two "hosts" (network namespaces joined by a veth pair; ranks started as a launcher would, every dtype and op checked), and bcl-bench sweeps
 #      over rdma beside ib_write_bw on the same device.
 # Results of the VM run land in target/rdma-vm/out (console.log, bench-*.txt, ib_write_bw.txt).
@@ -28,7 +28,8 @@ exe() { echo "$list" | grep "/$1-" | head -1; }
 transport_tests=$(exe bcl_transport)
 conformance_tests=$(exe conformance)
 comm_tests=$(exe rdma)
-for t in "$transport_tests" "$conformance_tests" "$comm_tests"; do
+recovery_tests=$(exe recovery)
+for t in "$transport_tests" "$conformance_tests" "$comm_tests" "$recovery_tests"; do
   [ -x "$t" ] || { echo "rdma-vm-test: a test binary was not built ($t)" >&2; exit 1; }
 done
 mkdir -p target/rdma-vm
@@ -79,6 +80,8 @@ if [ "$bench_only" != "--bench-only" ]; then
   $comm_tests --include-ignored --test-threads 1
   echo "== in the VM: conformance over rdma (cpu, cpu+sim; 2 and 4 ranks)"
   $conformance_tests --ignored rdma_ --test-threads 1
+  echo "== in the VM: kill 1 of 4 over rdma, the survivors shrink and stay on rdma"
+  $recovery_tests --ignored rdma_ --test-threads 1 --nocapture
   echo "== in the VM: auto with an rdma device that cannot be opened falls back to tcp"
   BCL_RDMA_DEVICE=nosuchdev0 RUST_LOG=warn \$bench allreduce --nranks 2 --transport auto -b 64K -e 64K -n 2 -w 1 > \$o/auto-fallback.txt 2>&1
   grep -q "Avg bus bandwidth" \$o/auto-fallback.txt

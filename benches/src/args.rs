@@ -83,6 +83,12 @@ pub struct Args {
     /// Seconds one collective may take before it fails naming the peers it waits for.
     #[arg(long, default_value_t = 120.0)]
     pub timeout: f64,
+    /// Kill this rank at the start of the sweep's middle row: the others catch the error,
+    /// shrink the communicator to the survivors (`BCL_SHRINK_FAILED`), print how long the
+    /// repair took, and finish the sweep on them. Local ranks (--nranks, at least 3), or a
+    /// launcher that lets a job go on when one rank dies.
+    #[arg(long, value_name = "RANK")]
+    pub recover: Option<usize>,
     #[arg(long, hide = true)]
     pub worker_rank: Option<usize>,
     #[arg(long, hide = true)]
@@ -136,6 +142,13 @@ impl Args {
         if self.nranks == 0 || self.nranks > MAX_LOCAL_RANKS {
             let range = format!("from 1 to {MAX_LOCAL_RANKS}");
             return out_of_range("--nranks", self.nranks, &range);
+        }
+        // Its rank is checked against the world size once that is known (main).
+        if self.recover.is_some() && self.in_threads() {
+            return Err(
+                "--recover kills a rank's process: it needs ranks as processes, not --threads or --transport mem"
+                    .into(),
+            );
         }
         if self.min_bytes > self.max_bytes {
             return Err(format!(

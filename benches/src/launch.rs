@@ -204,7 +204,9 @@ pub fn run_processes(args: &Args) -> Outcome {
             .arg("--unique-id")
             .arg(id.to_string())
             .stdin(Stdio::null())
-            .stdout(if rank == 0 {
+            // After a --recover the table comes from the survivors' new rank 0, which may
+            // be any process; the others print nothing.
+            .stdout(if rank == 0 || args.recover.is_some() {
                 Stdio::inherit()
             } else {
                 Stdio::null()
@@ -226,8 +228,9 @@ pub fn run_processes(args: &Args) -> Outcome {
                 status[rank] = c.try_wait().ok().flatten();
             }
         }
+        // The rank --recover kills is expected to die; the others carry on without it.
         if let Some((rank, s)) = status.iter().enumerate().find_map(|(r, s)| {
-            s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT))
+            s.filter(|s| !s.success() && s.code() != Some(WRONG_EXIT) && args.recover != Some(r))
                 .map(|s| (r, s))
         }) {
             // The other ranks learn the verdict from the health layer and print it as they

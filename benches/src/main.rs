@@ -57,6 +57,16 @@ fn main() -> ExitCode {
         eprintln!("bcl-bench: -r/--root must be below --nranks");
         return ExitCode::from(2);
     }
+    let world = launched.as_ref().map_or(args.nranks, |l| l.world);
+    if let Some(victim) = args.recover
+        && (victim >= world || world < 3)
+    {
+        eprintln!(
+            "bcl-bench: --recover {victim} needs a rank below the world size ({world}) and at \
+             least 3 ranks (2 survivors to shrink to)"
+        );
+        return ExitCode::from(2);
+    }
     let outcome = match (&args.worker_rank, &args.unique_id, &launched) {
         (_, _, Some(l)) => launch::run_launched(&args, l),
         (Some(rank), Some(id), None) => launch::run_worker(&args, *rank, id),

@@ -6,7 +6,9 @@ use crate::args::{Args, CollectiveName};
 use crate::buffers::{Placement, RankBuffers};
 use crate::table::{self, Measurement};
 use crate::with_element_type;
-use bcl_core::{Collective, Communicator, DataType, Element, ReduceOp, Result, Vendor};
+use bcl_core::{
+    Collective, Communicator, DataType, Element, Exclude, ReduceOp, Result, ShrinkMode, Vendor,
+};
 use std::io::Write;
 use std::time::Instant;
 
@@ -60,10 +62,68 @@ fn measure<T: Element>(
     Ok((time[0], wrong[0]))
 }
 
-/// Run the whole sweep on this rank. Rank 0 prints the table as it goes (when `print`) and
-/// every rank returns the measurements.
-pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurement>> {
+/// One row: out-of-place then in-place.
+fn row(
+    comm: &Communicator,
+    args: &Args,
+    placement: &Placement,
+    dtype: DataType,
+    op: ReduceOp,
+    bytes: usize,
+) -> Result<Vec<Measurement>> {
     let n = comm.world_size();
+    let reduces = matches!(
+        args.collective,
+        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
+    );
+    let rooted = matches!(
+        args.collective,
+        CollectiveName::Broadcast | CollectiveName::Reduce
+    );
+    let c = collective_of(args.collective, op, args.root);
+    let count = count_for(c, bytes, dtype.size(), n);
+    let mut pair = Vec::new();
+    for in_place in [false, true] {
+        let (time_us, wrong) = with_element_type!(dtype, T => measure::<T>(comm, args, placement, c, count, in_place))?;
+        let size = match c {
+            Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
+                count * n * dtype.size()
+            }
+            _ => count * dtype.size(),
+        };
+        let algbw = if time_us > 0.0 {
+            size as f64 / time_us / 1e3
+        } else {
+            0.0
+        };
+        pair.push(Measurement {
+            collective: format!("{:?}", args.collective).to_lowercase(),
+            nranks: n,
+            devices: args.devices.clone(),
+            transport: args.transport.clone(),
+            size_bytes: size,
+            count,
+            dtype: dtype_name(dtype),
+            redop: if reduces {
+                op.name().to_string()
+            } else {
+                "none".into()
+            },
+            root: if rooted { args.root as i64 } else { -1 },
+            in_place,
+            time_us,
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * table::busbw_factor(c, n),
+            wrong,
+        });
+    }
+    Ok(pair)
+}
+
+/// Run the whole sweep on this rank. Rank 0 prints the table as it goes (when `print`) and
+/// every rank returns the measurements. With `--recover V`, rank V dies at the start of the
+/// middle row and the others repair the communicator and go on (see [`recover`]).
+pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurement>> {
     let invalid = |e: String| bcl_core::Error::InvalidArgument(e);
     let dtypes = args.dtypes().map_err(invalid)?;
     let ops = args.ops().map_err(invalid)?;
@@ -76,23 +136,23 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
         CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
     );
     let ops = if reduces { ops } else { vec![ReduceOp::Sum] };
-    let rooted = matches!(
-        args.collective,
-        CollectiveName::Broadcast | CollectiveName::Reduce
-    );
     let mut all = Vec::new();
+    // The survivors' communicator once `--recover` has repaired it.
+    let mut shrunk: Option<Communicator> = None;
+    let mut print = print;
     // Lock stdout per line only: with ranks as threads, the others must not wait on it.
-    let say = |line: String| {
+    let say = |print: bool, line: String| {
         if print {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
             let _ = out.flush();
         }
     };
-    say(table::header());
+    say(print, table::header());
     let sizes = args.sizes();
-    let mut progress =
-        crate::progress::Progress::on_stderr(dtypes.len() * ops.len() * sizes.len(), print);
+    let rows = dtypes.len() * ops.len() * sizes.len();
+    let mut progress = crate::progress::Progress::on_stderr(rows, print);
+    let mut index = 0;
     for dtype in &dtypes {
         for op in &ops {
             for &bytes in &sizes {
@@ -102,51 +162,92 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
                     op.name(),
                     bcl_core::human_bytes(bytes)
                 ));
-                let c = collective_of(args.collective, *op, args.root);
-                let count = count_for(c, bytes, dtype.size(), n);
-                let mut pair = Vec::new();
-                for in_place in [false, true] {
-                    let (time_us, wrong) = with_element_type!(*dtype, T => measure::<T>(comm, args, &placement, c, count, in_place))?;
-                    let size = match c {
-                        Collective::AllGather
-                        | Collective::ReduceScatter { .. }
-                        | Collective::AllToAll => count * n * dtype.size(),
-                        _ => count * dtype.size(),
-                    };
-                    let algbw = if time_us > 0.0 {
-                        size as f64 / time_us / 1e3
-                    } else {
-                        0.0
-                    };
-                    pair.push(Measurement {
-                        collective: format!("{:?}", args.collective).to_lowercase(),
-                        nranks: n,
-                        devices: args.devices.clone(),
-                        transport: args.transport.clone(),
-                        size_bytes: size,
-                        count,
-                        dtype: dtype_name(*dtype),
-                        redop: if reduces {
-                            op.name().to_string()
-                        } else {
-                            "none".into()
-                        },
-                        root: if rooted { args.root as i64 } else { -1 },
-                        in_place,
-                        time_us,
-                        algbw_gbs: algbw,
-                        busbw_gbs: algbw * table::busbw_factor(c, n),
-                        wrong,
-                    });
-                }
+                let c = shrunk.as_ref().unwrap_or(comm);
+                let pair = match args.recover {
+                    Some(victim) if index == rows / 2 && shrunk.is_none() => {
+                        let (survivors, report) =
+                            recover(c, victim, || row(c, args, &placement, *dtype, *op, bytes))?;
+                        print = survivors.rank() == 0;
+                        progress.clear();
+                        progress = crate::progress::Progress::on_stderr(rows - index, print);
+                        say(print, report);
+                        let pair = row(&survivors, args, &placement, *dtype, *op, bytes)?;
+                        shrunk = Some(survivors);
+                        pair
+                    }
+                    _ => row(c, args, &placement, *dtype, *op, bytes)?,
+                };
+                index += 1;
                 progress.clear();
-                say(table::row(&pair[0], &pair[1]));
+                say(print, table::row(&pair[0], &pair[1]));
                 all.extend(pair);
             }
         }
     }
-    say(table::footer(&all));
+    say(print, table::footer(&all));
     Ok(all)
+}
+
+/// `--recover`: every rank meets in a barrier, then `victim` aborts (a crash: no word to
+/// anyone) and the others run `row` on the old communicator, which fails once the health
+/// layer names the dead rank. They shrink with `Exclude::Failed` (`BCL_SHRINK_FAILED`) and
+/// check an allreduce on the survivors. Returns the survivors' communicator and the report
+/// line (the slowest survivor's times, measured from the barrier that the victim left).
+fn recover(
+    comm: &Communicator,
+    victim: usize,
+    row: impl FnOnce() -> Result<Vec<Measurement>>,
+) -> Result<(Communicator, String)> {
+    comm.barrier()?;
+    let t0 = Instant::now();
+    if comm.rank() == victim {
+        eprintln!(
+            "bcl-bench: rank {victim} (pid {}) dies now (--recover)",
+            std::process::id()
+        );
+        std::process::abort();
+    }
+    let caught = match row() {
+        Ok(_) => {
+            return Err(bcl_core::Error::Internal(format!(
+                "--recover: rank {} finished a row without rank {victim}",
+                comm.rank()
+            )));
+        }
+        Err(e) => e,
+    };
+    let detected = t0.elapsed();
+    let survivors = comm.shrink(Exclude::Failed, ShrinkMode::Abort)?;
+    let shrunk = t0.elapsed();
+    let mut one = [1f32];
+    survivors.all_reduce_in_place(&mut one, ReduceOp::Sum)?;
+    if one[0] != survivors.world_size() as f32 {
+        return Err(bcl_core::Error::Internal(format!(
+            "--recover: the first allreduce on the survivors gave {} where {} was expected",
+            one[0],
+            survivors.world_size()
+        )));
+    }
+    let mut ms = [
+        detected.as_secs_f64() * 1e3,
+        shrunk.as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64() * 1e3,
+    ];
+    survivors.all_reduce_in_place(&mut ms, ReduceOp::Max)?;
+    let first = caught.to_string();
+    let first = first.lines().next().unwrap_or_default();
+    Ok((
+        survivors,
+        format!(
+            "# recover: rank {victim} was killed; the survivors caught it after {:.0} ms, \
+             shrank to {} ranks by {:.0} ms and ran their first correct allreduce {:.0} ms \
+             after the kill (slowest survivor); the sweep goes on\n# recover: first error: {first}",
+            ms[0],
+            comm.world_size() - 1,
+            ms[1],
+            ms[2]
+        ),
+    ))
 }
 
 fn dtype_name(d: DataType) -> String {

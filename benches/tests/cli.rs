@@ -197,7 +197,7 @@ fn bad_flags_are_refused() {
     // the variable) and the value; never a panic.
     /// Flags, environment, and the words the error must hold.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case<'_>; 14] = [
+    let cases: [Case<'_>; 17] = [
         (&["--timeout=-1"], &[], "--timeout='-1'"),
         (&["--timeout", "inf"], &[], "--timeout='inf'"),
         (&["--timeout", "nan"], &[], "--timeout='NaN'"),
@@ -211,6 +211,13 @@ fn bad_flags_are_refused() {
         (&["--sockets-per-peer", "0"], &[], "--sockets-per-peer='0'"),
         (&["--slice-bytes", "1"], &[], "--slice-bytes='1'"),
         (&["-b", "64M", "-e", "8"], &[], "larger than -e"),
+        (&["--nranks", "4", "--recover", "4"], &[], "--recover 4 needs a rank below"),
+        (&["--nranks", "2", "--recover", "1"], &[], "at least 3 ranks"),
+        (
+            &["--threads", "--nranks", "4", "--recover", "1"],
+            &[],
+            "--recover kills a rank's process",
+        ),
         (
             &["--threads", "--nranks", "1"],
             &[("BCL_TIMEOUT_S", "-1")],
@@ -378,4 +385,51 @@ fn health_flag_prints_the_link_matrix_and_names_a_slow_device() {
         "{out}"
     );
     assert_eq!(out.matches("# slow-node verdict:").count(), 1, "{out}");
+}
+
+/// `--recover 1`: rank 1 dies at the start of the middle row; the others shrink, say how long
+/// the repair took, and finish the sweep on 3 ranks with every result checked.
+#[test]
+fn recover_kills_a_rank_mid_sweep_and_the_survivors_finish_it() {
+    let json = std::env::temp_dir().join(format!("bcl-bench-recover-{}.json", std::process::id()));
+    let (code, out, err) = run(&[
+        "allreduce",
+        "--nranks",
+        "4",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--recover",
+        "1",
+        "--json",
+        json.to_str().expect("path"),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("# recover: rank 1 was killed") && out.contains("shrank to 3 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("first error:") && out.contains("rank 1 ("), "{out}");
+    assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
+    // 8 B .. 32 KiB by 8: 5 rows; rank 1 dies at the start of the third (5 / 2 = 2 rows
+    // before it), which the survivors measure again.
+    assert_eq!(rows(&out).len(), 5, "{out}");
+    let text = std::fs::read_to_string(&json).expect("json");
+    let nranks: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("row")["nranks"]
+                .as_u64()
+                .expect("nranks")
+        })
+        .collect();
+    assert_eq!(nranks, [4, 4, 4, 4, 3, 3, 3, 3, 3, 3], "{text}");
+    let _ = std::fs::remove_file(&json);
 }

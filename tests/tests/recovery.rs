@@ -140,18 +140,19 @@ fn finish_all(
 const LOOP: &[(&str, &str)] = &[("BCL_TEST_ELEMS", "16384"), ("BCL_INIT_TIMEOUT_S", "30")];
 
 fn kill_and_shrink(victims: &[usize]) -> u128 {
-    kill_and_shrink_with(victims, LOOP, |_| vec![]).0
+    kill_and_shrink_with(8, victims, LOOP, |_| vec![]).0
 }
 
-/// Kill `victims` in the allreduce loop of 8 ranks started with `env` (and `per_rank`'s
-/// variables); returns the worst recovery time and the survivors' outcomes.
+/// Kill `victims` in the allreduce loop of `world` ranks started with `env` (and
+/// `per_rank`'s variables); returns the worst recovery time and the survivors' outcomes.
 fn kill_and_shrink_with(
+    world: usize,
     victims: &[usize],
     env: &[(&str, &str)],
     per_rank: impl Fn(usize) -> Vec<(String, String)>,
 ) -> (u128, Vec<(usize, Finished)>) {
     let _serial = one_at_a_time();
-    let mut children = start(8, env, per_rank);
+    let mut children = start(world, env, per_rank);
     let mut outs = wait_ready(&mut children);
     std::thread::sleep(Duration::from_millis(200));
     let injected = unix_ms();
@@ -159,7 +160,7 @@ fn kill_and_shrink_with(
         signal(&children[v], "KILL");
     }
     let survivors = finish_all(children, &mut outs, Duration::from_secs(60), victims);
-    let worst = assert_recovered(&survivors, 8 - victims.len() as u128, injected);
+    let worst = assert_recovered(&survivors, (world - victims.len()) as u128, injected);
     eprintln!("killed {victims:?}: every survivor's first correct allreduce within {worst} ms");
     (worst, survivors)
 }
@@ -179,7 +180,7 @@ fn kill_one_over_tcp_with_cpu_and_sim_ranks_then_shrink() {
         .chain([("BCL_TRANSPORT", "tcp")])
         .collect();
     let device = |r: usize| if r % 2 == 1 { "sim" } else { "cpu" };
-    let (_, survivors) = kill_and_shrink_with(&[3], &env, |r| {
+    let (_, survivors) = kill_and_shrink_with(8, &[3], &env, |r| {
         vec![("BCL_DEVICE".into(), device(r).into())]
     });
     for (r, f) in &survivors {
@@ -618,4 +619,25 @@ fn destroy_while_the_others_shrink_leaves_them_a_working_communicator() {
         }
     }
     let _ = std::fs::remove_file(&go);
+}
+
+#[test]
+#[cfg(feature = "rdma")]
+#[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+fn rdma_kill_one_then_shrink_and_the_survivors_stay_on_rdma() {
+    let env: Vec<(&str, &str)> = LOOP
+        .iter()
+        .copied()
+        .chain([("BCL_TRANSPORT", "rdma")])
+        .collect();
+    // 4 ranks: the VM emulates its CPUs.
+    let (_, survivors) = kill_and_shrink_with(4, &[2], &env, |_| vec![]);
+    for (r, f) in &survivors {
+        assert_eq!(
+            shrunk_field(f, "links"),
+            Some("rdma"),
+            "rank {r}: {}",
+            f.stdout
+        );
+    }
 }

@@ -10,7 +10,9 @@
 #      2 CUDA ranks + 2 cpu ranks as processes (device pointers, cudaStream_t ordering), with
 #      the caller blocking on the stream by a pageable copy, then by cudaStreamSynchronize;
 #   6. bcl-bench allreduce sweeps: 4 cpu ranks, 1 CUDA + 3 cpu, 2 CUDA + 2 cpu; 2 cpu ranks,
-#      1 CUDA + 1 cpu; and three vendors in one ring: 1 CUDA + 2 device-plugin + 1 cpu.
+#      1 CUDA + 1 cpu; and three vendors in one ring: 1 CUDA + 2 device-plugin + 1 cpu;
+#   7. repair with GPU ranks: bcl-bench --recover on 2 CUDA + 2 cpu ranks, a cpu rank killed
+#      and then a CUDA rank killed; the survivors (CUDA among them) shrink and finish the sweep.
 # Usage: scripts/device-check.sh [DIR]
 #   Where cargo exists and no DIR is given, it first builds with `--features cuda`
 #   (scripts/device-prebuild.sh); otherwise it runs the binaries prebuilt into DIR
@@ -74,6 +76,10 @@ for sweep in 4:cpu 4:cuda:0,cpu,cpu,cpu 4:cuda:0,cuda:0,cpu,cpu 2:cpu 2:cuda:0,c
   n=${sweep%%:*} devices=${sweep#*:}
   BCL_DEVICE_PLUGIN=$BCL_SAMPLE_PLUGIN step timeout 100 "$bins/bcl-bench" allreduce --nranks "$n" --devices "$devices" \
     -b 8 -e 256M -f 4 -n 10 -w 3 --json "$out/allreduce-$n-${devices//[:,]/_}.json"
+done
+for victim in 3 0; do
+  step timeout 100 "$bins/bcl-bench" allreduce --nranks 4 --devices cuda:0,cuda:0,cpu,cpu \
+    -b 8 -e 64M -f 8 -n 5 -w 2 --recover "$victim" --json "$out/recover-$victim.json"
 done
 echo; [ $status -eq 0 ] && echo "device-check: all passed" || echo "device-check: FAILURES above"
 exit $status

@@ -10,6 +10,9 @@ Per trial, 8 ranks of bcl-recover on this host (default transport: shm between t
            on 8 ranks;
   restart  what a job does today: 8 processes started, init, first allreduce (from the start
            to the last rank's first correct allreduce).
+Then, in one job of 16 ranks, TRIALS times in alternating order: the 4 x 4 grid's row and
+column communicators by split, and the same from scratch (an id per row and column, init
+through their stores), each to its first checked allreduces (the slowest rank's time).
 The kinds are interleaved trial by trial (this VM changes speed every 10-60 s). Prints the
 median and worst of each, and the ratio restart+detection / kill recovery.
 """
@@ -126,6 +129,19 @@ def restart():
     return last - t0
 
 
+def split_grid():
+    uid = free_id()
+    ranks = [Rank(r, 16, uid, {"BCL_RECOVER_MODE": "split", "BCL_RECOVER_TRIALS": str(TRIALS)})
+             for r in range(16)]
+    for r in ranks:
+        r.finish(limit=60 + 10 * TRIALS)
+    if any(r.p.returncode != 0 for r in ranks):
+        raise RuntimeError("the split job failed: exits " + str([r.p.returncode for r in ranks]))
+    rows = [l for _, l in ranks[0].lines if l.startswith("split trial=")]
+    val = lambda l, k: float(l.split(k + "=")[1].split()[0])
+    return [val(l, "split_ms") for l in rows], [val(l, "scratch_ms") for l in rows]
+
+
 def main():
     kinds = {"kill": lambda: fault(signal.SIGKILL), "stop": lambda: fault(signal.SIGSTOP),
              "grow": grow, "restart": restart}
@@ -143,6 +159,11 @@ def main():
              "restart": "restart all 8 -> first correct allreduce"}
     for k in kinds:
         print(f"| {names[k]} | {statistics.median(got[k]):.0f} | {max(got[k]):.0f} |")
+    split, scratch = split_grid()
+    print(f"\n| 16 ranks as 4 x 4, {TRIALS} trials | median ms | worst ms | first trial ms |")
+    print("|---|---|---|---|")
+    print(f"| rows + columns by split | {statistics.median(split):.0f} | {max(split):.0f} | {split[0]:.0f} |")
+    print(f"| rows + columns from scratch | {statistics.median(scratch):.0f} | {max(scratch):.0f} | {scratch[0]:.0f} |")
     detect = 20.0  # the dead verdict (ms) that a restart also waits for before relaunching
     ratio = (statistics.median(got["restart"]) + detect) / statistics.median(got["kill"])
     print(f"\nrestart path (relaunch + init + first allreduce, excluding checkpoint reload and the "

@@ -211,8 +211,16 @@ fn bad_flags_are_refused() {
         (&["--sockets-per-peer", "0"], &[], "--sockets-per-peer='0'"),
         (&["--slice-bytes", "1"], &[], "--slice-bytes='1'"),
         (&["-b", "64M", "-e", "8"], &[], "larger than -e"),
-        (&["--nranks", "4", "--recover", "4"], &[], "--recover 4 needs a rank below"),
-        (&["--nranks", "2", "--recover", "1"], &[], "at least 3 ranks"),
+        (
+            &["--nranks", "4", "--recover", "4"],
+            &[],
+            "--recover 4 needs a rank below",
+        ),
+        (
+            &["--nranks", "2", "--recover", "1"],
+            &[],
+            "at least 3 ranks",
+        ),
         (
             &["--threads", "--nranks", "4", "--recover", "1"],
             &[],
@@ -392,31 +400,20 @@ fn health_flag_prints_the_link_matrix_and_names_a_slow_device() {
 #[test]
 fn recover_kills_a_rank_mid_sweep_and_the_survivors_finish_it() {
     let json = std::env::temp_dir().join(format!("bcl-bench-recover-{}.json", std::process::id()));
-    let (code, out, err) = run(&[
-        "allreduce",
-        "--nranks",
-        "4",
-        "-b",
-        "8",
-        "-e",
-        "64K",
-        "-f",
-        "8",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--recover",
-        "1",
-        "--json",
-        json.to_str().expect("path"),
-    ]);
+    let mut args: Vec<&str> = "allreduce --nranks 4 -b 8 -e 64K -f 8 -n 2 -w 1 --recover 1 --json"
+        .split(' ')
+        .collect();
+    args.push(json.to_str().expect("path"));
+    let (code, out, err) = run(&args);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
         out.contains("# recover: rank 1 was killed") && out.contains("shrank to 3 ranks"),
         "{out}"
     );
-    assert!(out.contains("first error:") && out.contains("rank 1 ("), "{out}");
+    assert!(
+        out.contains("first error:") && out.contains("rank 1 ("),
+        "{out}"
+    );
     assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
     // 8 B .. 32 KiB by 8: 5 rows; rank 1 dies at the start of the third (5 / 2 = 2 rows
     // before it), which the survivors measure again.

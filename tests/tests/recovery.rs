@@ -289,6 +289,25 @@ fn a_stopped_rank_is_excluded_and_told_so_when_it_continues() {
     assert!(zombie.stderr.contains("excluded"), "{}", zombie.stderr);
 }
 
+/// A fresh process that joins the grown communicator as rank 7 of 8 once the id is in
+/// `id_file`, then runs `after` checked allreduces.
+fn spawn_joiner(id_file: &str, after: &str) -> Child {
+    spawn(&RankSpec {
+        binary: RECOVER_BIN,
+        rank: 7,
+        world: 8,
+        id: "unused",
+        scenario: "recover",
+        env: &[
+            ("BCL_RECOVER_MODE", "join"),
+            ("BCL_RECOVER_ID_FILE", id_file),
+            ("BCL_RECOVER_AFTER", after),
+            ("BCL_TEST_ELEMS", "16384"),
+        ],
+        wrapper: &[],
+    })
+}
+
 #[test]
 fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
     let _serial = one_at_a_time();
@@ -309,19 +328,7 @@ fn grow_back_to_8_with_a_fresh_process_after_a_kill() {
     let injected = unix_ms();
     signal(&children[6], "KILL");
     let spawned_at = unix_ms();
-    let newcomer = spawn(&RankSpec {
-        binary: RECOVER_BIN,
-        rank: 7,
-        world: 8,
-        id: "unused",
-        scenario: "recover",
-        env: &[
-            ("BCL_RECOVER_MODE", "join"),
-            ("BCL_RECOVER_ID_FILE", id_file.as_str()),
-            ("BCL_TEST_ELEMS", "16384"),
-        ],
-        wrapper: &[],
-    });
+    let newcomer = spawn_joiner(&id_file, "20");
     let survivors = finish_all(children, &mut outs, Duration::from_secs(60), &[6]);
     assert_recovered(&survivors, 7, injected);
     let joined = finish(
@@ -447,20 +454,7 @@ fn twenty_kill_shrink_grow_cycles_leave_no_descriptors_threads_memory_or_shm_nam
         } else {
             "1000000000"
         };
-        let mut joiner = spawn(&RankSpec {
-            binary: RECOVER_BIN,
-            rank: 7,
-            world: 8,
-            id: "unused",
-            scenario: "recover",
-            env: &[
-                ("BCL_RECOVER_MODE", "join"),
-                ("BCL_RECOVER_ID_FILE", path.as_str()),
-                ("BCL_RECOVER_AFTER", after),
-                ("BCL_TEST_ELEMS", "16384"),
-            ],
-            wrapper: &[],
-        });
+        let mut joiner = spawn_joiner(&path, after);
         pids.push(joiner.id());
         let lines = lines_of(&mut joiner);
         expect_line(&lines, "grown", &format!("the joiner of cycle {cycle}"));

@@ -14,6 +14,11 @@
 //!   `destroy` (drop the communicator: `destroyed ms=X`) or `shrink` (`Exclude::Failed`,
 //!   `ShrinkMode::Abort`, a checked allreduce on the result: `shrunk ...`, then destroy both).
 //!   For the tests that destroy or shrink while a peer is dead, stopped or shrinking.
+//! * `split`: 16 ranks as a 4 × 4 grid, `BCL_RECOVER_TRIALS` times: the row and column
+//!   communicators made by `split`, and the same made from scratch (a fresh id per row and
+//!   column, sent over the parent, and `Communicator::init`), in alternating order; each
+//!   timed to its first checked allreduces, the slowest rank's time. Rank 0 prints
+//!   `split trial=i split_ms=X scratch_ms=Y` (`scripts/recovery-bench.sh`).
 //!
 //! stdout lines: `ready`; `shrunk old=R new=r world=w ms=X`; `recovered at=T` (Unix ms of the
 //! first correct allreduce after the shrink); `grown at=T world=N`; `done`.
@@ -71,6 +76,12 @@ fn main() -> ExitCode {
     if mode == "idle" {
         return idle(&mut buf);
     }
+    if mode == "split" {
+        return match split_grid(&mut buf) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(var("BCL_RANK", 0), &e),
+        };
+    }
     let comm = if mode == "join" {
         match join() {
             Ok(c) => c,
@@ -96,6 +107,92 @@ fn main() -> ExitCode {
     }
     say("done");
     ExitCode::SUCCESS
+}
+
+/// The 4 × 4 grid's rows and columns by `split`.
+fn grid_by_split(comm: &Communicator) -> bcl_core::Result<(Communicator, Communicator)> {
+    let r = comm.rank();
+    let missing = || Error::Internal("split gave no communicator to a colored rank".into());
+    let row = comm
+        .split(Some((r / 4) as u32), r as i32)?
+        .ok_or_else(missing)?;
+    let col = comm
+        .split(Some((r % 4) as u32), r as i32)?
+        .ok_or_else(missing)?;
+    Ok((row, col))
+}
+
+/// The same grid from scratch: the first rank of each row and column makes an id (its store
+/// will be served there), the ids go round over the parent, and each rank joins its row,
+/// then its column, through those stores.
+fn grid_from_scratch(comm: &Communicator) -> bcl_core::Result<(Communicator, Communicator)> {
+    const ID: usize = 128;
+    let r = comm.rank();
+    let ip = "127.0.0.1"
+        .parse()
+        .map_err(|e| Error::Internal(format!("{e}")))?;
+    let mut mine = [0u8; 2 * ID];
+    for (slot, first) in [(0, r.is_multiple_of(4)), (1, r / 4 == 0)] {
+        if first {
+            let text = UniqueId::new(ip)?.to_string();
+            mine[slot * ID..slot * ID + text.len()].copy_from_slice(text.as_bytes());
+        }
+    }
+    let mut all = vec![0u8; 2 * ID * comm.world_size()];
+    comm.all_gather(&mine, &mut all)?;
+    let id_of = |rank: usize, slot: usize| -> bcl_core::Result<UniqueId> {
+        let bytes = &all[rank * 2 * ID + slot * ID..rank * 2 * ID + (slot + 1) * ID];
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(ID);
+        String::from_utf8_lossy(&bytes[..end]).parse()
+    };
+    let row = Communicator::init(r % 4, 4, &id_of(r - r % 4, 0)?, comm.config().clone())?;
+    let col = Communicator::init(r / 4, 4, &id_of(r % 4, 1)?, comm.config().clone())?;
+    Ok((row, col))
+}
+
+/// Time `make` on every rank to its first checked allreduce on both communicators (ms, the
+/// slowest rank's).
+fn timed_grid(
+    comm: &Communicator,
+    buf: &mut [f32],
+    make: fn(&Communicator) -> bcl_core::Result<(Communicator, Communicator)>,
+) -> bcl_core::Result<f64> {
+    comm.barrier()?;
+    let t0 = Instant::now();
+    let (row, col) = make(comm)?;
+    checked_allreduce(&row, buf, 0)?;
+    checked_allreduce(&col, buf, 0)?;
+    let mut ms = [t0.elapsed().as_secs_f64() * 1e3];
+    comm.all_reduce_in_place(&mut ms, ReduceOp::Max)?;
+    Ok(ms[0])
+}
+
+/// The `split` mode (see the module comment).
+fn split_grid(buf: &mut [f32]) -> bcl_core::Result<()> {
+    let comm = Communicator::init_from_env()?;
+    if comm.world_size() != 16 {
+        return Err(Error::InvalidArgument(format!(
+            "the split mode needs 16 ranks, not {}",
+            comm.world_size()
+        )));
+    }
+    checked_allreduce(&comm, buf, 0)?;
+    for trial in 0..var("BCL_RECOVER_TRIALS", 5usize) {
+        let (split_ms, scratch_ms) = if trial.is_multiple_of(2) {
+            let s = timed_grid(&comm, buf, grid_by_split)?;
+            (s, timed_grid(&comm, buf, grid_from_scratch)?)
+        } else {
+            let f = timed_grid(&comm, buf, grid_from_scratch)?;
+            (timed_grid(&comm, buf, grid_by_split)?, f)
+        };
+        if comm.rank() == 0 {
+            say(&format!(
+                "split trial={trial} split_ms={split_ms:.1} scratch_ms={scratch_ms:.1}"
+            ));
+        }
+    }
+    say("done");
+    Ok(())
 }
 
 /// The kinds of link this rank has to its peers, e.g. `shm` or `tcp,shm`.

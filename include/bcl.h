@@ -269,6 +269,19 @@ bclResult_t bclReduce(const void* sendbuff, void* recvbuff, size_t count,
 bclResult_t bclAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                         bclDataType_t datatype, bclComm_t comm, bclStream_t stream);
 
+/* bclGather: recvbuff on root [r*sendcount + i] = sendbuff of rank r [i]; recvbuff holds
+ * nranks*sendcount elements, is written on the root only and may be NULL elsewhere. In place
+ * when, on the root, sendbuff == recvbuff + root*sendcount (elements). Direct: each rank
+ * sends to the root. */
+bclResult_t bclGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                      bclDataType_t datatype, int root, bclComm_t comm, bclStream_t stream);
+
+/* bclScatter: recvbuff[i] on rank r = sendbuff of root [r*recvcount + i]; sendbuff holds
+ * nranks*recvcount elements, is read on the root only and may be NULL elsewhere. In place
+ * when, on the root, recvbuff == sendbuff + root*recvcount (elements). */
+bclResult_t bclScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                       bclDataType_t datatype, int root, bclComm_t comm, bclStream_t stream);
+
 /* bclSend / bclRecv: point to point; the peer calls the other with the same count and type.
  * Outside a group each call completes before it returns; inside bclGroupStart/bclGroupEnd
  * the buffers must stay valid until bclGroupEnd returns. */

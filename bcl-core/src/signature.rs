@@ -66,6 +66,8 @@ impl Signature {
             6 => Collective::Send { peer: root },
             7 => Collective::Recv { peer: root },
             8 => Collective::Barrier,
+            9 => Collective::Gather { root },
+            10 => Collective::Scatter { root },
             _ => return None,
         };
         Some(Signature {
@@ -102,6 +104,8 @@ fn kind_code(c: &Collective) -> u8 {
         Collective::Send { .. } => 6,
         Collective::Recv { .. } => 7,
         Collective::Barrier => 8,
+        Collective::Gather { .. } => 9,
+        Collective::Scatter { .. } => 10,
     }
 }
 
@@ -127,9 +131,10 @@ impl fmt::Display for Signature {
             write!(f, " {op}")?;
         }
         match self.collective {
-            Collective::Broadcast { root } | Collective::Reduce { root, .. } => {
-                write!(f, ", root {root}")?
-            }
+            Collective::Broadcast { root }
+            | Collective::Reduce { root, .. }
+            | Collective::Gather { root }
+            | Collective::Scatter { root } => write!(f, ", root {root}")?,
             Collective::Send { peer } => write!(f, " to rank {peer}")?,
             Collective::Recv { peer } => write!(f, " from rank {peer}")?,
             _ => {}
@@ -155,6 +160,8 @@ mod tests {
         }
         out.extend([
             Collective::Broadcast { root: 2 },
+            Collective::Gather { root: 1 },
+            Collective::Scatter { root: 0 },
             Collective::Send { peer: 1 },
             Collective::Recv { peer: 0 },
         ]);

@@ -27,6 +27,10 @@ fn collectives(world: usize) -> Vec<Collective> {
         Collective::AllToAll,
         Collective::Send { peer: world - 1 },
         Collective::Barrier,
+        Collective::Gather { root },
+        Collective::Gather { root: world - 1 },
+        Collective::Scatter { root },
+        Collective::Scatter { root: 0 },
     ]
 }
 
@@ -97,7 +101,7 @@ proptest! {
     #[test]
     fn any_world_count_ring_and_order(world in 1usize..=16, count in 0usize..70,
                                       slice in 1usize..40, in_place: bool,
-                                      which in 0usize..11, seed: u64,
+                                      which in 0usize..15, seed: u64,
                                       shuffle in proptest::collection::vec(any::<u32>(), 16)) {
         let mut ring: Vec<usize> = (0..world).collect();
         ring.sort_by_key(|r| shuffle[*r]);

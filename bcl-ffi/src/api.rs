@@ -181,12 +181,14 @@ impl CallShape {
             Collective::ReduceScatter { .. } => r != 0 && r == s.wrapping_add(block),
             Collective::Broadcast { root } => s == r || rank != root,
             Collective::Reduce { root, .. } => s == r && rank == root,
+            Collective::Gather { root } => rank == root && s != 0 && s == r.wrapping_add(block),
+            Collective::Scatter { root } => rank == root && r != 0 && r == s.wrapping_add(block),
             _ => s != 0 && s == r,
         };
         if in_place {
             let buffer = match collective {
-                Collective::ReduceScatter { .. } => (s, in_bytes),
-                Collective::AllGather => (r, out_bytes),
+                Collective::ReduceScatter { .. } | Collective::Scatter { .. } => (s, in_bytes),
+                Collective::AllGather | Collective::Gather { .. } => (r, out_bytes),
                 _ => (r, in_bytes.max(out_bytes)),
             };
             return Ok(CallShape {
@@ -842,6 +844,48 @@ pub unsafe extern "C" fn bclReduce(
         };
         // SAFETY: bcl.h's contract for bclReduce.
         unsafe { host_call(comm, c, count, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclGather` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclGather", || {
+        let c = Collective::Gather {
+            root: rank_arg(root, "root")?,
+        };
+        // SAFETY: bcl.h's contract for bclGather.
+        unsafe { host_call(comm, c, sendcount, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclScatter` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: c_int,
+    root: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclScatter", || {
+        let c = Collective::Scatter {
+            root: rank_arg(root, "root")?,
+        };
+        // SAFETY: bcl.h's contract for bclScatter.
+        unsafe { host_call(comm, c, recvcount, datatype, sendbuff, recvbuff, stream) }
     })
 }
 

@@ -160,6 +160,66 @@ impl Communicator {
         )
     }
 
+    /// `recv` on `root` (world × send.len()) gets every rank's `send`, in rank order; other
+    /// ranks' `recv` is not touched (it may be empty).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let output = (self.rank() == root).then(|| bytes_mut(recv));
+        self.run_host(
+            Collective::Gather { root },
+            send.len(),
+            T::DATA_TYPE,
+            Some(bytes(send)),
+            output,
+        )
+    }
+
+    /// In place: on `root`, `buf` (world × count) already holds its own block at
+    /// `root*count`; on the others `buf` is the count elements they send.
+    pub fn gather_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let count = if self.rank() == root {
+            self.per_rank(buf.len())?
+        } else {
+            buf.len()
+        };
+        self.run_host(
+            Collective::Gather { root },
+            count,
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
+    /// `recv` (count elements) on every rank gets block `rank` of `root`'s `send` (world ×
+    /// recv.len()); `send` is read on the root only (it may be empty elsewhere).
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let input = (self.rank() == root).then(|| bytes(send));
+        self.run_host(
+            Collective::Scatter { root },
+            recv.len(),
+            T::DATA_TYPE,
+            input,
+            Some(bytes_mut(recv)),
+        )
+    }
+
+    /// In place: on `root`, `buf` is the whole world × count buffer and keeps its own block
+    /// at `root*count`; on the others `buf` receives the count elements.
+    pub fn scatter_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let count = if self.rank() == root {
+            self.per_rank(buf.len())?
+        } else {
+            buf.len()
+        };
+        self.run_host(
+            Collective::Scatter { root },
+            count,
+            T::DATA_TYPE,
+            None,
+            Some(bytes_mut(buf)),
+        )
+    }
+
     /// Send `data` to `peer`, which must call [`Communicator::recv`] with the same count.
     pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
         self.run_host(

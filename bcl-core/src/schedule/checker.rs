@@ -354,6 +354,26 @@ fn verify_outputs(case: &Case, ranks: &[RankState]) -> Result<(), String> {
                     (j, vec![(from as u16, (r * count + i) as u32)], 0)
                 })
                 .collect(),
+            Collective::Gather { root } if r == root => (0..n * count)
+                .map(|j| {
+                    let (b, i) = (j / count.max(1), j % count.max(1));
+                    // In place the root's block starts where it ends up; a sender's data is
+                    // its one buffer, from 0.
+                    let src = if case.in_place && b == root { j } else { i };
+                    (j, vec![(b as u16, src as u32)], 0)
+                })
+                .collect(),
+            Collective::Gather { .. } => Vec::new(),
+            Collective::Scatter { root } => (0..count)
+                .map(|i| {
+                    let home = if case.in_place && r == root {
+                        root * count + i
+                    } else {
+                        i
+                    };
+                    (home, vec![(root as u16, (r * count + i) as u32)], 0)
+                })
+                .collect(),
             Collective::Send { .. } | Collective::Recv { .. } if r == n - 1 && n > 1 => {
                 (0..count).map(|i| (i, vec![(0, i as u32)], 0)).collect()
             }

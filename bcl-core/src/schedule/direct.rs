@@ -1,4 +1,5 @@
-//! Direct exchanges: all-to-all (every pair at once) and point-to-point send/recv.
+//! Direct exchanges: all-to-all (every pair at once), gather and scatter (the root and each
+//! other rank), and point-to-point send/recv.
 
 use super::plan::BufferId::{Input, Output, Scratch};
 use super::plan::{Action, PlanBuilder, Region};
@@ -58,6 +59,89 @@ pub(crate) fn all_to_all(
                 seed: None,
             });
         });
+    }
+}
+
+/// Gather: every rank but the root sends its `count` elements straight to the root, which
+/// receives block j into `output[j*count..]`. The root's links carry (n-1)·count, the least
+/// any schedule can, and nothing is relayed (a tree would relay to cut latency at many ranks;
+/// torch and MPI users call gather with few ranks or small blocks). The root takes the blocks
+/// in the order root+1, root+2, ... as they come. In place, the root's block is already at
+/// `output[root*count..]` and a sender's data is its one buffer.
+pub(crate) fn gather(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    root: usize,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+) {
+    let (n, rank) = (layout.world(), layout.rank());
+    if rank != root {
+        let source = if in_place { Output } else { Input };
+        each_slice(count, slice, |tag, o, l| {
+            b.push(Action::Send {
+                peer: root,
+                tag,
+                from: Region::new(source, o, l),
+            });
+        });
+        return;
+    }
+    if !in_place {
+        copy_sliced(b, Region::new(Input, 0, count), Output, root * count, slice);
+    }
+    for d in 1..n {
+        let from = (root + d) % n;
+        each_slice(count, slice, |tag, o, l| {
+            b.push(Action::Recv {
+                peer: from,
+                tag,
+                into: Region::new(Output, from * count + o, l),
+                reduce: false,
+                seed: None,
+            });
+        });
+    }
+}
+
+/// Scatter: the root sends block j of its buffer straight to rank j (gather's mirror, and
+/// for the same reasons direct). In place, the root's buffer is its one buffer and its own
+/// block stays at `root*count`.
+pub(crate) fn scatter(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    root: usize,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+) {
+    let (n, rank) = (layout.world(), layout.rank());
+    if rank != root {
+        each_slice(count, slice, |tag, o, l| {
+            b.push(Action::Recv {
+                peer: root,
+                tag,
+                into: Region::new(Output, o, l),
+                reduce: false,
+                seed: None,
+            });
+        });
+        return;
+    }
+    let source = if in_place { Output } else { Input };
+    for d in 1..n {
+        let to = (root + d) % n;
+        each_slice(count, slice, |tag, o, l| {
+            b.push(Action::Send {
+                peer: to,
+                tag,
+                from: Region::new(source, to * count + o, l),
+            });
+        });
+    }
+    if !in_place {
+        copy_sliced(b, Region::new(Input, root * count, count), Output, 0, slice);
     }
 }
 

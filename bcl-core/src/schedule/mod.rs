@@ -34,6 +34,10 @@ pub enum Collective {
     Send { peer: usize },
     Recv { peer: usize },
     Barrier,
+    /// `root` receives every rank's `count` elements, in rank order (ncclGather, MPI_Gather).
+    Gather { root: usize },
+    /// Block j of `root`'s buffer goes to rank j (ncclScatter, MPI_Scatter).
+    Scatter { root: usize },
 }
 
 impl Collective {
@@ -48,6 +52,8 @@ impl Collective {
             Collective::Send { .. } => "send",
             Collective::Recv { .. } => "recv",
             Collective::Barrier => "barrier",
+            Collective::Gather { .. } => "gather",
+            Collective::Scatter { .. } => "scatter",
         }
     }
 
@@ -69,7 +75,10 @@ impl Collective {
     /// The root or peer rank, where the collective has one.
     pub fn root(&self) -> Option<usize> {
         match self {
-            Collective::Broadcast { root } | Collective::Reduce { root, .. } => Some(*root),
+            Collective::Broadcast { root }
+            | Collective::Reduce { root, .. }
+            | Collective::Gather { root }
+            | Collective::Scatter { root } => Some(*root),
             Collective::Send { peer } | Collective::Recv { peer } => Some(*peer),
             _ => None,
         }
@@ -77,7 +86,7 @@ impl Collective {
 
     /// Elements of the (input, output) buffers `rank` must pass, for `count` as NCCL counts:
     /// allgather's count is per rank sent, reduce-scatter's per rank received, all-to-all's
-    /// per peer. `None`: that buffer is not used on this rank.
+    /// per peer, gather's and scatter's per rank. `None`: that buffer is not used on this rank.
     pub fn buffer_elems(
         &self,
         count: usize,
@@ -98,6 +107,12 @@ impl Collective {
             Collective::Send { .. } => (Some(count), None),
             Collective::Recv { .. } => (None, Some(count)),
             Collective::Barrier => (None, None),
+            Collective::Gather { root } => {
+                (Some(count), if rank == *root { Some(all) } else { None })
+            }
+            Collective::Scatter { root } => {
+                (if rank == *root { Some(all) } else { None }, Some(count))
+            }
         }
     }
 }
@@ -356,6 +371,10 @@ pub fn build_plan(
         Collective::Send { peer } => direct::send(&mut b, peer, count, slice),
         Collective::Recv { peer } => direct::recv(&mut b, peer, count, slice),
         Collective::Barrier => barrier::dissemination(&mut b, layout),
+        Collective::Gather { root } => direct::gather(&mut b, layout, root, count, in_place, slice),
+        Collective::Scatter { root } => {
+            direct::scatter(&mut b, layout, root, count, in_place, slice)
+        }
     }
     b.finish()
 }

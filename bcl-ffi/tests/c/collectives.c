@@ -1,6 +1,6 @@
 /* One rank of a multi-process run (BCL_RANK, BCL_WORLD_SIZE, BCL_UNIQUE_ID in the
- * environment): allreduce, allgather, reduce-scatter, broadcast and a grouped ring exchange,
- * every value checked. Exit 0 and "rank R OK" on success. */
+ * environment): allreduce, allgather, reduce-scatter, broadcast, gather, scatter and a grouped
+ * ring exchange, every value checked. Exit 0 and "rank R OK" on success. */
 #include <bcl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +49,38 @@ int main(void) {
   long long v[4] = {rank, rank, rank, rank};
   CHECK(bclBroadcast(v, v, 4, bclInt64, n - 1, comm, NULL));
   EXPECT(v[3] == n - 1, "broadcast = %lld\n", v[3]);
+
+  /* Gather to the last rank, out of place (NULL recvbuff elsewhere) and in place. */
+  int root = n - 1, send2[2] = {rank, -rank};
+  int* gathered = malloc(sizeof(int) * 2 * n);
+  for (int i = 0; i < 2 * n; i++) gathered[i] = 12345;
+  CHECK(bclGather(send2, rank == root ? gathered : NULL, 2, bclInt32, root, comm, NULL));
+  if (rank == root)
+    for (int r = 0; r < n; r++)
+      EXPECT(gathered[2 * r] == r && gathered[2 * r + 1] == -r, "gather block %d = %d %d\n", r,
+             gathered[2 * r], gathered[2 * r + 1]);
+  if (rank == root) {
+    gathered[2 * root] = 777; /* in place: the root's block already sits at root*count */
+    CHECK(bclGather(gathered + 2 * root, gathered, 2, bclInt32, root, comm, NULL));
+    EXPECT(gathered[2 * root] == 777 && gathered[0] == 0, "in-place gather\n");
+  } else {
+    CHECK(bclGather(send2, NULL, 2, bclInt32, root, comm, NULL));
+  }
+
+  /* Scatter from rank 0: rank r gets block r; in place on the root. */
+  float* blocks = malloc(sizeof(float) * 3 * n);
+  float got[3] = {-1, -1, -1};
+  for (int i = 0; i < 3 * n; i++) blocks[i] = (float)(i * 2);
+  CHECK(bclScatter(rank == 0 ? blocks : NULL, got, 3, bclFloat32, 0, comm, NULL));
+  for (int i = 0; i < 3; i++)
+    EXPECT(got[i] == (float)((3 * rank + i) * 2), "scatter [%d] = %f\n", i, got[i]);
+  if (rank == 0)
+    CHECK(bclScatter(blocks, blocks, 3, bclFloat32, 0, comm, NULL));
+  else
+    CHECK(bclScatter(NULL, got, 3, bclFloat32, 0, comm, NULL));
+  EXPECT(rank != 0 || blocks[0] == 0.0f, "in-place scatter kept the root's block\n");
+  free(gathered);
+  free(blocks);
 
   /* Ring exchange in a group: everyone receives from the left before anyone's send would
    * otherwise be matched, which only completes because the group runs them together. */

@@ -46,6 +46,8 @@ fn kinds() -> Vec<(Collective, Algorithm)> {
         Collective::AllToAll,
         Collective::Send { peer: 0 },
         Collective::Barrier,
+        Collective::Gather { root: 0 },
+        Collective::Scatter { root: 0 },
     ] {
         out.push((c, Algorithm::Ring));
     }
@@ -63,6 +65,12 @@ fn draw_case(rng: &mut Rng, collective: Collective, algorithm: Algorithm) -> Cas
             root: rng.below(world),
         },
         Collective::Broadcast { .. } => Collective::Broadcast {
+            root: rng.below(world),
+        },
+        Collective::Gather { .. } => Collective::Gather {
+            root: rng.below(world),
+        },
+        Collective::Scatter { .. } => Collective::Scatter {
             root: rng.below(world),
         },
         c => c,

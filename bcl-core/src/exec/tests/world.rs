@@ -367,6 +367,7 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
     let input = |q: usize, i: usize| -> Vec<u8> {
         let at = match case.collective {
             Collective::AllGather if case.in_place => q * count,
+            Collective::Gather { root } if case.in_place && q == root => q * count,
             _ => 0,
         };
         elem(&start[q], at + i)
@@ -403,7 +404,19 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
                 .map(|j| (j, input(j / count, r * count + j % count)))
                 .collect(),
             Collective::Recv { peer } => (0..count).map(|i| (i, input(peer, i))).collect(),
-            Collective::Reduce { .. } | Collective::Send { .. } | Collective::Barrier => Vec::new(),
+            Collective::Gather { root } if root == r => (0..n * count)
+                .map(|j| (j, input(j / count, j % count)))
+                .collect(),
+            Collective::Scatter { root } => {
+                let home = if case.in_place && r == root { r * count } else { 0 };
+                (0..count)
+                    .map(|i| (home + i, input(root, r * count + i)))
+                    .collect()
+            }
+            Collective::Reduce { .. }
+            | Collective::Gather { .. }
+            | Collective::Send { .. }
+            | Collective::Barrier => Vec::new(),
         };
         for (e, want) in expect {
             let got = elem(out, e);

@@ -60,7 +60,7 @@ fn random_arguments_never_crash() {
             let op = rng.pick(&[-5 as c_int, 0, 1, 2, 3, 4, 5]);
             let root = rng.pick(&[-1 as c_int, 0, 1, 99]);
             let stream: BclStream = rng.pick(&[std::ptr::null_mut(), a.as_mut_ptr().cast()]);
-            let code = match rng.next() % 9 {
+            let code = match rng.next() % 11 {
                 0 => bclAllReduce(send, recv, count, dtype, op, c, stream),
                 1 => bclAllGather(send, recv, count, dtype, c, stream),
                 2 => bclReduceScatter(send, recv, count, dtype, op, c, stream),
@@ -69,6 +69,8 @@ fn random_arguments_never_crash() {
                 5 => bclAllToAll(send, recv, count, dtype, c, stream),
                 6 => bclSend(send, count, dtype, root, c, stream),
                 7 => bclRecv(recv, count, dtype, root, c, stream),
+                8 => bclGather(send, recv, count, dtype, root, c, stream),
+                9 => bclScatter(send, recv, count, dtype, root, c, stream),
                 _ => bclBarrier(c, stream),
             };
             assert!((0..BCL_NUM_RESULTS).contains(&code), "code {code}");

@@ -13,6 +13,8 @@ pub enum CollectiveName {
     Broadcast,
     Reduce,
     Alltoall,
+    Gather,
+    Scatter,
 }
 
 /// Benchmark BCL collectives the way nccl-tests benchmarks NCCL.

@@ -65,11 +65,12 @@ pub fn input_buffer<T: Element>(
         return (0..inp).map(|i| input(collective, rank, i)).collect();
     }
     let mut buf: Vec<T> = vec![T::from_i64(0); inp.max(out)];
-    // All-gather in place: the contribution sits at this rank's block.
-    let at = if matches!(collective, Collective::AllGather) {
-        rank * count
-    } else {
-        0
+    // All-gather in place, and gather on its root: the contribution sits at this rank's
+    // block.
+    let at = match collective {
+        Collective::AllGather => rank * count,
+        Collective::Gather { root } if rank == root => rank * count,
+        _ => 0,
     };
     for i in 0..inp {
         buf[at + i] = input(collective, rank, i);
@@ -106,6 +107,13 @@ pub fn expected<T: Element>(
         Collective::Reduce { root, .. } if rank == root => Some(reduced(collective, world, j)?),
         Collective::AllToAll => Some(input(collective, j / c, rank * count + j % c)),
         Collective::Recv { peer } => Some(input(collective, peer, j)),
+        Collective::Gather { root } if rank == root => Some(input(collective, j / c, j % c)),
+        Collective::Gather { .. } => None,
+        // In place the root's whole buffer is left as it was.
+        Collective::Scatter { root } if in_place && rank == root => {
+            Some(input(collective, root, j))
+        }
+        Collective::Scatter { root } => Some(input(collective, root, rank * count + j)),
         Collective::Reduce { .. } | Collective::Send { .. } | Collective::Barrier => None,
         other => return Err(format!("no closed form for {other}")),
     })

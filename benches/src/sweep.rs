@@ -20,15 +20,19 @@ fn collective_of(name: CollectiveName, op: ReduceOp, root: usize) -> Collective 
         CollectiveName::Broadcast => Collective::Broadcast { root },
         CollectiveName::Reduce => Collective::Reduce { op, root },
         CollectiveName::Alltoall => Collective::AllToAll,
+        CollectiveName::Gather => Collective::Gather { root },
+        CollectiveName::Scatter => Collective::Scatter { root },
     }
 }
 
 /// Per-rank element count for a row of `bytes`, as nccl-tests counts it.
 fn count_for(c: Collective, bytes: usize, esize: usize, n: usize) -> usize {
     match c {
-        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
-            bytes / esize / n
-        }
+        Collective::AllGather
+        | Collective::ReduceScatter { .. }
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => bytes / esize / n,
         _ => bytes / esize,
     }
 }
@@ -78,7 +82,10 @@ fn row(
     );
     let rooted = matches!(
         args.collective,
-        CollectiveName::Broadcast | CollectiveName::Reduce
+        CollectiveName::Broadcast
+            | CollectiveName::Reduce
+            | CollectiveName::Gather
+            | CollectiveName::Scatter
     );
     let c = collective_of(args.collective, op, args.root);
     let count = count_for(c, bytes, dtype.size(), n);
@@ -86,9 +93,11 @@ fn row(
     for in_place in [false, true] {
         let (time_us, wrong) = with_element_type!(dtype, T => measure::<T>(comm, args, placement, c, count, in_place))?;
         let size = match c {
-            Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
-                count * n * dtype.size()
-            }
+            Collective::AllGather
+            | Collective::ReduceScatter { .. }
+            | Collective::AllToAll
+            | Collective::Gather { .. }
+            | Collective::Scatter { .. } => count * n * dtype.size(),
             _ => count * dtype.size(),
         };
         let algbw = if time_us > 0.0 {

@@ -27,9 +27,11 @@ pub fn busbw_factor(collective: Collective, n: usize) -> f64 {
     let n = n as f64;
     match collective {
         Collective::AllReduce { .. } => 2.0 * (n - 1.0) / n,
-        Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AllToAll => {
-            (n - 1.0) / n
-        }
+        Collective::AllGather
+        | Collective::ReduceScatter { .. }
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => (n - 1.0) / n,
         _ => 1.0,
     }
 }
@@ -129,5 +131,6 @@ mod tests {
         );
         assert_eq!(busbw_factor(Collective::AllGather, 4), 0.75);
         assert_eq!(busbw_factor(Collective::Broadcast { root: 0 }, 4), 1.0);
+        assert_eq!(busbw_factor(Collective::Gather { root: 1 }, 4), 0.75);
     }
 }

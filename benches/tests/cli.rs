@@ -112,6 +112,8 @@ fn every_collective_dtype_and_op_in_threads_is_right() {
         "broadcast",
         "reduce",
         "alltoall",
+        "gather",
+        "scatter",
     ] {
         let (code, out, err) = run(&[
             collective,

@@ -123,6 +123,8 @@ pub fn cases(world: usize) -> Vec<Case> {
                     Collective::AllGather,
                     Collective::Broadcast { root: root() },
                     Collective::AllToAll,
+                    Collective::Gather { root: root() },
+                    Collective::Scatter { root: root() },
                 ] {
                     out.push(Case {
                         collective: c,
@@ -193,6 +195,17 @@ pub fn cases(world: usize) -> Vec<Case> {
         count: (1 << 17) / world,
         in_place: false,
     });
+    for (collective, in_place) in [
+        (Collective::Gather { root: world - 1 }, false),
+        (Collective::Scatter { root: 0 }, true),
+    ] {
+        out.push(Case {
+            collective,
+            dtype: DataType::Float32,
+            count: big / world,
+            in_place,
+        });
+    }
     out
 }
 

@@ -25,19 +25,36 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Collective {
-    AllReduce { op: ReduceOp },
+    AllReduce {
+        op: ReduceOp,
+    },
     AllGather,
-    ReduceScatter { op: ReduceOp },
-    Broadcast { root: usize },
-    Reduce { op: ReduceOp, root: usize },
+    ReduceScatter {
+        op: ReduceOp,
+    },
+    Broadcast {
+        root: usize,
+    },
+    Reduce {
+        op: ReduceOp,
+        root: usize,
+    },
     AllToAll,
-    Send { peer: usize },
-    Recv { peer: usize },
+    Send {
+        peer: usize,
+    },
+    Recv {
+        peer: usize,
+    },
     Barrier,
     /// `root` receives every rank's `count` elements, in rank order (ncclGather, MPI_Gather).
-    Gather { root: usize },
+    Gather {
+        root: usize,
+    },
     /// Block j of `root`'s buffer goes to rank j (ncclScatter, MPI_Scatter).
-    Scatter { root: usize },
+    Scatter {
+        root: usize,
+    },
 }
 
 impl Collective {

@@ -408,7 +408,11 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
                 .map(|j| (j, input(j / count, j % count)))
                 .collect(),
             Collective::Scatter { root } => {
-                let home = if case.in_place && r == root { r * count } else { 0 };
+                let home = if case.in_place && r == root {
+                    r * count
+                } else {
+                    0
+                };
                 (0..count)
                     .map(|i| (home + i, input(root, r * count + i)))
                     .collect()

@@ -1,7 +1,7 @@
 //! Direct exchanges: all-to-all (every pair at once), gather and scatter (the root and each
 //! other rank), and point-to-point send/recv.
 
-use super::plan::BufferId::{Input, Output, Scratch};
+use super::plan::BufferId::{self, Input, Output, Scratch};
 use super::plan::{Action, PlanBuilder, Region};
 use super::ring::part;
 use super::{Layout, copy_sliced};
@@ -14,6 +14,37 @@ fn each_slice(count: usize, slice: usize, mut f: impl FnMut(u32, usize, usize)) 
             f(s as u32, o, l);
         }
     }
+}
+
+/// Send `count` elements of `buffer` from `at` to `peer`, a message per slice.
+fn send_block(
+    b: &mut PlanBuilder,
+    peer: usize,
+    buffer: BufferId,
+    at: usize,
+    count: usize,
+    slice: usize,
+) {
+    each_slice(count, slice, |tag, o, l| {
+        b.push(Action::Send {
+            peer,
+            tag,
+            from: Region::new(buffer, at + o, l),
+        });
+    });
+}
+
+/// Receive `count` elements from `peer` into the output at `at`, a message per slice.
+fn recv_block(b: &mut PlanBuilder, peer: usize, at: usize, count: usize, slice: usize) {
+    each_slice(count, slice, |tag, o, l| {
+        b.push(Action::Recv {
+            peer,
+            tag,
+            into: Region::new(Output, at + o, l),
+            reduce: false,
+            seed: None,
+        });
+    });
 }
 
 /// Block j of my input goes to rank j, landing in its block `rank`. Peers are visited in
@@ -43,22 +74,8 @@ pub(crate) fn all_to_all(
     for d in 1..n {
         let to = (rank + d) % n;
         let from = (rank + n - d) % n;
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Send {
-                peer: to,
-                tag,
-                from: Region::new(source, to * count + o, l),
-            });
-        });
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Recv {
-                peer: from,
-                tag,
-                into: Region::new(Output, from * count + o, l),
-                reduce: false,
-                seed: None,
-            });
-        });
+        send_block(b, to, source, to * count, count, slice);
+        recv_block(b, from, from * count, count, slice);
     }
 }
 
@@ -79,13 +96,7 @@ pub(crate) fn gather(
     let (n, rank) = (layout.world(), layout.rank());
     if rank != root {
         let source = if in_place { Output } else { Input };
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Send {
-                peer: root,
-                tag,
-                from: Region::new(source, o, l),
-            });
-        });
+        send_block(b, root, source, 0, count, slice);
         return;
     }
     if !in_place {
@@ -93,15 +104,7 @@ pub(crate) fn gather(
     }
     for d in 1..n {
         let from = (root + d) % n;
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Recv {
-                peer: from,
-                tag,
-                into: Region::new(Output, from * count + o, l),
-                reduce: false,
-                seed: None,
-            });
-        });
+        recv_block(b, from, from * count, count, slice);
     }
 }
 
@@ -118,27 +121,13 @@ pub(crate) fn scatter(
 ) {
     let (n, rank) = (layout.world(), layout.rank());
     if rank != root {
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Recv {
-                peer: root,
-                tag,
-                into: Region::new(Output, o, l),
-                reduce: false,
-                seed: None,
-            });
-        });
+        recv_block(b, root, 0, count, slice);
         return;
     }
     let source = if in_place { Output } else { Input };
     for d in 1..n {
         let to = (root + d) % n;
-        each_slice(count, slice, |tag, o, l| {
-            b.push(Action::Send {
-                peer: to,
-                tag,
-                from: Region::new(source, to * count + o, l),
-            });
-        });
+        send_block(b, to, source, to * count, count, slice);
     }
     if !in_place {
         copy_sliced(b, Region::new(Input, root * count, count), Output, 0, slice);
@@ -146,23 +135,9 @@ pub(crate) fn scatter(
 }
 
 pub(crate) fn send(b: &mut PlanBuilder, peer: usize, count: usize, slice: usize) {
-    each_slice(count, slice, |tag, o, l| {
-        b.push(Action::Send {
-            peer,
-            tag,
-            from: Region::new(Input, o, l),
-        });
-    });
+    send_block(b, peer, Input, 0, count, slice);
 }
 
 pub(crate) fn recv(b: &mut PlanBuilder, peer: usize, count: usize, slice: usize) {
-    each_slice(count, slice, |tag, o, l| {
-        b.push(Action::Recv {
-            peer,
-            tag,
-            into: Region::new(Output, o, l),
-            reduce: false,
-            seed: None,
-        });
-    });
+    recv_block(b, peer, 0, count, slice);
 }

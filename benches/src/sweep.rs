@@ -131,7 +131,7 @@ fn row(
 
 /// Run the whole sweep on this rank. Rank 0 prints the table as it goes (when `print`) and
 /// every rank returns the measurements. With `--recover V`, rank V dies at the start of the
-/// middle row and the others repair the communicator and go on (see [`recover`]).
+/// middle row and the others repair the communicator and go on (see `recover`).
 pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurement>> {
     let invalid = |e: String| bcl_core::Error::InvalidArgument(e);
     let dtypes = args.dtypes().map_err(invalid)?;

@@ -339,8 +339,19 @@ impl Communicator {
         let mut last_check = Instant::now();
         while records.len() < members.len() {
             for p in health.take_proposals() {
+                let from = p.from;
                 if agreement.receive(p).map_err(|f| self.failure(f))? {
                     return Err(Retry::Again);
+                }
+                // A member still proposing, although this rank has decided, is waiting for
+                // this rank's proposal: the delivery of it may have failed while that member
+                // answered (seen under load in CI), and only waiting ranks send again. Answer
+                // it; it re-sends at most every `CHECK_AFTER`, so this stays bounded.
+                if members.contains(&from) {
+                    let sent = health.propose(from as usize, &agreement.proposal());
+                    if self.delivered(agreement, from, sent)? {
+                        return Err(Retry::Again);
+                    }
                 }
             }
             let missing: Vec<u32> = members

@@ -9,8 +9,10 @@
  *    a destroyed or invented handle gives bclInvalidArgument, not a crash.
  *  - On failure, bclGetLastError() returns a message naming the cause (rank, host, device,
  *    link and operation where they apply), valid until the next failing call on the thread.
- *  - Streams and buffers: with the cpu and sim backends, buffers are host memory, `stream`
- *    must be NULL and every call completes before it returns. With the cuda backend
+ *  - Streams and buffers: with the cpu and sim backends, buffers are host memory, and a
+ *    call with `stream` NULL completes before it returns; with a host stream
+ *    (bclStreamCreate, "Host streams" below) a collective is queued and returns at once.
+ *    With the cuda backend
  *    (config.device or BCL_DEVICE "cuda:N", a libbcl built with the `cuda` feature), buffers
  *    are device pointers of that GPU (checked: a host pointer is bclInvalidArgument) and
  *    `stream` a cudaStream_t (NULL: the legacy default stream): as in NCCL, a collective or
@@ -28,7 +30,8 @@
  *  - What the codes mean for every collective and send/recv below: bclInvalidArgument: a NULL
  *    or dead comm, a NULL buffer with a non-zero count, a count whose byte size overflows,
  *    a datatype/op/root/peer out of range, overlapping buffers that are not in place, a
- *    non-NULL stream on a cpu or sim communicator (nothing was sent or written); bclMismatch: a peer's message has another
+ *    stream on a cpu or sim communicator that is not a host stream (nothing was sent or
+ *    written); bclMismatch: a peer's message has another
  *    size (ranks passed different counts or datatypes); bclLinkError: a peer's connection
  *    broke (the message names it); bclTimeout: no progress within the operation timeout (the
  *    message names the ranks waited for); bclPoisoned: an earlier failure broke the
@@ -53,6 +56,8 @@ extern "C" {
 typedef struct bclComm* bclComm_t;
 /* Stream handle: NULL with the cpu and sim backends. */
 typedef void* bclStream_t;
+/* A point on a host stream (bclEventRecord). */
+typedef void* bclEvent_t;
 
 #define BCL_UNIQUE_ID_BYTES 128
 /* Rendezvous id made by bclGetUniqueId on one rank and given to all: NUL-padded text
@@ -77,7 +82,9 @@ typedef enum {
   bclRemoteError = 11,      /* another rank died, hung, lost its link or aborted: the message
                                (bclGetLastError) is the verdict naming it and the cause */
   bclExcluded = 12,         /* the other survivors of a shrink left this rank out */
-  bclNumResults = 13
+  bclInProgress = 13,       /* not an error: a host stream's or event's operations are still
+                               running (bclStreamQuery, bclEventQuery) */
+  bclNumResults = 14
 } bclResult_t;
 
 /* Element types: NCCL's names and numbers. */
@@ -298,6 +305,38 @@ bclResult_t bclBarrier(bclComm_t comm, bclStream_t stream);
  * Collectives inside a group run at once. Groups nest. */
 bclResult_t bclGroupStart(void);
 bclResult_t bclGroupEnd(void);
+
+/* Host streams: calls that return at once on host memory.
+ * On a communicator whose buffers are host memory (cpu, sim, device plugins), a collective
+ * called with stream == NULL completes before it returns. Called with a host stream from
+ * bclStreamCreate, it is checked (a bad argument is still an error at once), queued on the
+ * communicator's progress thread, and the call returns: compute meanwhile. The buffers are
+ * the operation's until it has finished: do not read, write or free them before
+ * bclStreamSynchronize, bclStreamQuery or bclEventQuery/bclEventSynchronize on an event
+ * recorded after the call says so. A stream runs its operations in call order, each after
+ * the previous one has finished (also across communicators); blocking calls (stream NULL)
+ * on a communicator wait for the operations queued on it first. The first failure of a
+ * stream's operations is returned by the next bclStreamQuery/bclStreamSynchronize (and
+ * bclEventQuery/Synchronize of events recorded after it) with its text in bclGetLastError;
+ * bclStreamSynchronize clears it. Collectives only: bclSend/bclRecv take stream NULL.
+ * Thread safety: any thread may use a stream or event; calls on one stream from several
+ * threads are queued in the order they take its lock.
+ *   bclStreamCreate: a new host stream. bclStreamQuery: bclSuccess when every operation has
+ *   finished, bclInProgress while some run, or the first error. bclStreamSynchronize: wait
+ *   for all of them (each bounded by its communicator's timeout), then as Query, clearing the
+ *   error. bclStreamDestroy: synchronize, then free the handle.
+ *   bclEventRecord: mark the stream's position now; bclEventQuery / bclEventSynchronize:
+ *   whether (or wait until) every operation queued before the record has finished; an event
+ *   never recorded is complete. */
+bclResult_t bclStreamCreate(bclStream_t* stream);
+bclResult_t bclStreamQuery(bclStream_t stream);
+bclResult_t bclStreamSynchronize(bclStream_t stream);
+bclResult_t bclStreamDestroy(bclStream_t stream);
+bclResult_t bclEventCreate(bclEvent_t* event);
+bclResult_t bclEventRecord(bclEvent_t event, bclStream_t stream);
+bclResult_t bclEventQuery(bclEvent_t event);
+bclResult_t bclEventSynchronize(bclEvent_t event);
+bclResult_t bclEventDestroy(bclEvent_t event);
 
 /* bclGetErrorString: fixed text of a result code (never NULL). */
 const char* bclGetErrorString(bclResult_t result);

@@ -50,7 +50,7 @@ pub use bcl_backends::{
     Accelerator, DataType, DeviceBuffer, DeviceInfo, DeviceSpec, Element, ReduceOp, Vendor,
 };
 pub use bcl_transport::mem::{Faults, MemFabric};
-pub use comm::{CommBuilder, Communicator, Exclude, ShrinkMode};
+pub use comm::{CommBuilder, Communicator, Exclude, HostWork, ShrinkMode};
 pub use config::{CommConfig, HealthConfig, TransportKind};
 pub use error::{Cause, Error, Result};
 pub use peers::{PeerLabel, RankInfo};

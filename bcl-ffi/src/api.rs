@@ -2,7 +2,8 @@
 //! through the one guard (`guard::call`). Contracts (which pointer may be NULL where, in-place rules)
 //! are the ones written in `include/bcl.h`.
 
-use crate::guard::{call, last_error};
+use crate::guard::{call, call_status, last_error};
+use crate::host_stream::{self, RawHost};
 use crate::registry;
 use crate::types::*;
 use bcl_core::config::{limits, process_env};
@@ -16,9 +17,12 @@ use std::time::Duration;
 
 /// `bclComm_t`: an opaque handle (see the registry).
 pub type BclComm = *mut c_void;
-/// `bclStream_t`: NULL with the cpu and sim backends; a `cudaStream_t` (or NULL, the legacy
-/// default stream) with the cuda backend.
+/// `bclStream_t`: with host-memory communicators (cpu, sim, plugins) NULL (the call completes
+/// before it returns) or a host stream (`bclStreamCreate`: it is queued and returns at once);
+/// a `cudaStream_t` (or NULL, the legacy default stream) with the cuda backend.
 pub type BclStream = *mut c_void;
+/// `bclEvent_t`: a point on a host stream (`bclEventRecord`).
+pub type BclEvent = *mut c_void;
 
 fn invalid(text: String) -> Error {
     Error::InvalidArgument(text)
@@ -48,8 +52,8 @@ fn no_stream(stream: BclStream) -> Result<(), Error> {
         Ok(())
     } else {
         Err(invalid(
-            "stream must be NULL on a cpu or sim communicator: they complete each call before it \
-             returns (streams order the calls of cuda communicators)"
+            "bclSend/bclRecv take stream NULL on a host-memory (cpu, sim, plugin) communicator: \
+             host streams carry its collectives, not its sends and receives yet"
                 .into(),
         ))
     }
@@ -133,8 +137,10 @@ unsafe fn host_call(
         // SAFETY: bcl.h's contract for device buffers and streams.
         return unsafe { device_call(&comm, collective, count, dtype, send, recv, stream) };
     }
-    no_stream(stream)?;
     let call = CallShape::of(&comm, collective, count, dtype, send, recv)?;
+    if !stream.is_null() {
+        return queue_on_host_stream(&comm, collective, count, dtype, &call, send, recv, stream);
+    }
     if let Some((address, len)) = call.in_place {
         // SAFETY: bcl.h: the in-place buffer is valid for `len` bytes.
         let buf = unsafe { write_slice(address as *mut c_void, len, "recvbuff")? };
@@ -150,6 +156,63 @@ unsafe fn host_call(
         None => None,
     };
     comm.run_host(collective, count, dtype, input, output)
+}
+
+/// Queue a host-memory collective on a host stream: it returns at once; the buffers are the
+/// operation's until the stream or an event says it has finished (bcl.h).
+fn queue_on_host_stream(
+    comm: &Communicator,
+    collective: Collective,
+    count: usize,
+    dtype: DataType,
+    call: &CallShape,
+    send: *const c_void,
+    recv: *mut c_void,
+    stream: BclStream,
+) -> Result<(), Error> {
+    let host = host_stream::stream(stream as usize)?;
+    let present = |ptr: usize, len: usize, what: &str| -> Result<(usize, usize), Error> {
+        if ptr == 0 && len > 0 {
+            return Err(invalid(format!(
+                "{what} is NULL but {len} bytes are needed"
+            )));
+        }
+        Ok((ptr, len))
+    };
+    let (input, output) = match call.in_place {
+        Some((address, len)) => (None, Some(present(address, len, "recvbuff")?)),
+        None => (
+            call.input
+                .map(|len| present(send as usize, len, "sendbuff"))
+                .transpose()?,
+            call.output
+                .map(|len| present(recv as usize, len, "recvbuff"))
+                .transpose()?,
+        ),
+    };
+    queue_memory(comm, &host, collective, count, dtype, input, output)
+}
+
+/// Queue caller memory ((address, bytes) of the input and output) on `host`.
+fn queue_memory(
+    comm: &Communicator,
+    host: &host_stream::HostStream,
+    collective: Collective,
+    count: usize,
+    dtype: DataType,
+    input: Option<(usize, usize)>,
+    output: Option<(usize, usize)>,
+) -> Result<(), Error> {
+    let (after, done) = host.next_order();
+    let memory = RawHost {
+        input,
+        output,
+        after,
+        done,
+    };
+    let work = comm.submit_host(collective, count, dtype, Box::new(memory))?;
+    host.push(work);
+    Ok(())
 }
 
 /// What one collective call's pointers mean by NCCL's in-place rules.
@@ -937,7 +1000,11 @@ pub extern "C" fn bclBarrier(comm: BclComm, stream: BclStream) -> BclResult {
             )?);
             return Ok(());
         }
-        no_stream(stream)?;
+        if !stream.is_null() {
+            let host = host_stream::stream(stream as usize)?;
+            let barrier = Collective::Barrier;
+            return queue_memory(&comm, &host, barrier, 0, DataType::Uint8, None, None);
+        }
         comm.barrier()
     })
 }
@@ -1091,5 +1158,78 @@ pub extern "C" fn bclGroupEnd() -> BclResult {
             unsafe { p2p(p)? };
         }
         Ok(())
+    })
+}
+
+// ---------------------------------------------------------------- host streams and events
+
+/// # Safety
+/// `stream` must be NULL (an error) or valid for a write of a `bclStream_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclStreamCreate(stream: *mut BclStream) -> BclResult {
+    call("bclStreamCreate", || {
+        need(stream, "stream")?;
+        let id = host_stream::create_stream();
+        // SAFETY: bcl.h: `stream` is writable.
+        unsafe { store(stream, "stream", id as BclStream) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclStreamQuery(stream: BclStream) -> BclResult {
+    call_status("bclStreamQuery", || {
+        host_stream::stream_query(stream as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclStreamSynchronize(stream: BclStream) -> BclResult {
+    call_status("bclStreamSynchronize", || {
+        host_stream::stream_synchronize(stream as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclStreamDestroy(stream: BclStream) -> BclResult {
+    call_status("bclStreamDestroy", || {
+        host_stream::destroy_stream(stream as usize)
+    })
+}
+
+/// # Safety
+/// `event` must be NULL (an error) or valid for a write of a `bclEvent_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclEventCreate(event: *mut BclEvent) -> BclResult {
+    call("bclEventCreate", || {
+        need(event, "event")?;
+        let id = host_stream::create_event();
+        // SAFETY: bcl.h: `event` is writable.
+        unsafe { store(event, "event", id as BclEvent) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclEventRecord(event: BclEvent, stream: BclStream) -> BclResult {
+    call("bclEventRecord", || {
+        host_stream::record_event(event as usize, stream as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclEventQuery(event: BclEvent) -> BclResult {
+    call_status("bclEventQuery", || host_stream::event_query(event as usize))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclEventSynchronize(event: BclEvent) -> BclResult {
+    call_status("bclEventSynchronize", || {
+        host_stream::event_synchronize(event as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn bclEventDestroy(event: BclEvent) -> BclResult {
+    call("bclEventDestroy", || {
+        host_stream::destroy_event(event as usize)
     })
 }

@@ -36,6 +36,24 @@ pub(crate) fn call(name: &str, f: impl FnOnce() -> Result<(), Error>) -> BclResu
     }
 }
 
+/// As [`call`], for the functions that report a status (`bclStreamQuery`, ...): `f` returns
+/// the code and, where it is an error, its text for `bclGetLastError`.
+pub(crate) fn call_status(
+    name: &str,
+    f: impl FnOnce() -> Result<(BclResult, Option<String>), Error>,
+) -> BclResult {
+    let mut status = BCL_SUCCESS;
+    let code = call(name, || {
+        let (code, text) = f()?;
+        if let Some(text) = text {
+            remember(format!("{name}: {text}"));
+        }
+        status = code;
+        Ok(())
+    });
+    if code == BCL_SUCCESS { status } else { code }
+}
+
 /// A pointer to this thread's last error text (valid until the next failing call here).
 pub(crate) fn last_error() -> *const std::ffi::c_char {
     LAST_ERROR.with(|l| l.borrow().as_ptr())

@@ -24,6 +24,7 @@
 
 pub mod api;
 mod guard;
+mod host_stream;
 mod registry;
 pub mod types;
 

@@ -18,7 +18,10 @@ pub const BCL_UNAVAILABLE: BclResult = 9;
 pub const BCL_INTERNAL_ERROR: BclResult = 10;
 pub const BCL_REMOTE_ERROR: BclResult = 11;
 pub const BCL_EXCLUDED: BclResult = 12;
-pub const BCL_NUM_RESULTS: BclResult = 13;
+/// Not an error: a host stream's or event's operations have not all finished
+/// (`bclStreamQuery`, `bclEventQuery`; NCCL's `ncclInProgress`).
+pub const BCL_IN_PROGRESS: BclResult = 13;
+pub const BCL_NUM_RESULTS: BclResult = 14;
 
 /// The code of a core error (one to one: `Error::code`, whose numbers these constants are).
 pub fn code_of(e: &Error) -> BclResult {
@@ -45,6 +48,7 @@ pub fn describe(code: BclResult) -> &'static std::ffi::CStr {
         BCL_EXCLUDED => {
             c"this rank was excluded from the shrunk communicator by the other survivors"
         }
+        BCL_IN_PROGRESS => c"operations on the stream are still in progress",
         _ => c"unknown result code",
     }
 }

@@ -228,6 +228,11 @@ fn c_program_on_four_processes_with_the_static_library() {
 }
 
 #[test]
+fn collectives_on_a_host_stream_return_at_once_and_run_in_order() {
+    run_ranks(&compile("host_stream.c", "host-stream", false), 4);
+}
+
+#[test]
 fn counts_that_differ_between_ranks_are_a_mismatch_then_poison() {
     run_ranks(&compile("mismatch.c", "mismatch", false), 2);
 }

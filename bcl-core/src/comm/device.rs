@@ -182,14 +182,31 @@ impl Communicator {
                 hold,
             },
         };
+        let call = Call {
+            collective,
+            count,
+            dtype,
+            on_device: true,
+        };
+        self.queue_job(call, memory)
+    }
+
+    /// Queue host buffers for the progress thread (the host-buffer operations that return
+    /// at once, `host_async.rs`): they run after the jobs already queued.
+    pub(super) fn queue_host(&self, call: Call, memory: Box<dyn HostStaged>) -> Result<Work> {
+        self.queue_job(call, JobMemory::Staged(memory))
+    }
+
+    fn queue_job(&self, call: Call, memory: JobMemory) -> Result<Work> {
+        let Call {
+            collective,
+            count,
+            dtype,
+            ..
+        } = call;
         let work = Arc::new(WorkState::default());
         let job = DeviceJob {
-            call: Call {
-                collective,
-                count,
-                dtype,
-                on_device: true,
-            },
+            call,
             memory,
             work: work.clone(),
         };

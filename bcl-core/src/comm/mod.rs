@@ -23,12 +23,14 @@ mod device;
 mod errors;
 mod grow;
 mod host;
+mod host_async;
 mod init;
 mod op;
 mod shrink;
 mod split;
 mod wait;
 
+pub use host_async::HostWork;
 pub use init::CommBuilder;
 pub use shrink::{Exclude, ShrinkMode};
 

@@ -70,7 +70,10 @@ int main(void) {
   EXPECT_CODE(bclAllReduce(buf, out, 4, (bclDataType_t)42, bclSum, comm, NULL), bclInvalidArgument, "datatype 42");
   EXPECT_CODE(bclAllReduce(buf, out, 4, bclFloat32, (bclRedOp_t)-1, comm, NULL), bclInvalidArgument, "op -1");
   EXPECT_CODE(bclAllReduce(buf, buf + 1, 3, bclFloat32, bclSum, comm, NULL), bclInvalidArgument, "overlap");
-  EXPECT_CODE(bclAllReduce(buf, out, 4, bclFloat32, bclSum, comm, (bclStream_t)buf), bclInvalidArgument, "stream must be NULL");
+  EXPECT_CODE(bclAllReduce(buf, out, 4, bclFloat32, bclSum, comm, (bclStream_t)buf), bclInvalidArgument, "not a host stream");
+  EXPECT_CODE(bclStreamQuery((bclStream_t)buf), bclInvalidArgument, "not a host stream");
+  EXPECT_CODE(bclEventQuery((bclEvent_t)buf), bclInvalidArgument, "not an event");
+  EXPECT_CODE(bclEventCreate(NULL), bclInvalidArgument, "event is NULL");
   EXPECT_CODE(bclBroadcast(buf, out, 4, bclFloat32, 5, comm, NULL), bclInvalidArgument, "rank 5 does not exist");
   EXPECT_CODE(bclSend(buf, 4, bclFloat32, 0, comm, NULL), bclInvalidArgument, "cannot address itself");
   EXPECT_CODE(bclRecv(out, 4, bclFloat32, -1, comm, NULL), bclInvalidArgument, "peer -1");

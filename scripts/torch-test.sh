@@ -2,7 +2,8 @@
 # The torch.distributed backend "bcl" as a user gets it: torch from PyPI (installed if this
 # machine lacks it), `pip install ./python`, then under torchrun: every operation against
 # Gloo in the same job on 2, 3 and 4 ranks (python/tests/check_ops.py), DDP on 4 ranks
-# ending with the single-process model's weights (check_ddp.py), subgroups (check_groups.py)
+# ending with the single-process model's weights (check_ddp.py), FSDP2 against Gloo
+# (check_fsdp.py), subgroups (check_groups.py)
 # and a rank killed mid-training (check_kill.py, 4 processes without torchrun). Run by
 # scripts/test.sh; fails loudly when torch cannot be installed.
 set -euo pipefail
@@ -21,6 +22,8 @@ for n in 2 3 4; do
 done
 echo "== torch: DDP on 4 ranks equals one process on the global batch"
 timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_ddp.py"
+echo "== torch: FSDP2 (fully_shard) of a small transformer, loss curve against gloo's"
+timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_fsdp.py"
 echo "== torch: subgroups (2 of 4, a 2 x 2 grid with both families in flight)"
 timeout 300 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_groups.py"
 echo "== torch: a rank SIGKILLed mid-training; the others' Python raises naming it"

@@ -64,6 +64,8 @@ for name, args in {
     "bclSend": [_p, _sz, _i, _i, _p, _p],
     "bclRecv": [_p, _sz, _i, _i, _p, _p],
     "bclBarrier": [_p, _p],
+    "bclGroupStart": [],
+    "bclGroupEnd": [],
     "bclStreamCreate": [ctypes.POINTER(_p)],
     "bclStreamSynchronize": [_p],
     "bclStreamDestroy": [_p],

@@ -217,6 +217,14 @@ class ProcessGroupBCL(dist.ProcessGroup):
     def getBackendName(self):
         return "bcl"
 
+    # A Python ProcessGroup answers for its own name (the C++ one is not consulted).
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", "")
+
     def size(self):
         return self._size
 
@@ -325,37 +333,79 @@ class ProcessGroupBCL(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _cpu(output, input)
-        n = input.numel() // self._size if self._size else 0
-        for splits, t in ((output_split_sizes, output), (input_split_sizes, input)):
-            if splits and any(s != splits[0] for s in splits):
-                raise NotImplementedError(
-                    "bcl: all_to_all_single with uneven split sizes is not implemented yet "
-                    "(equal splits are)")
-        if input.numel() != output.numel() or input.numel() != n * self._size:
-            raise ValueError(f"bcl: all_to_all_single needs input and output of {self._size} equal "
-                             f"blocks; got {input.numel()} and {output.numel()} elements")
+        if output.dtype != input.dtype:
+            raise ValueError(f"bcl: all_to_all_single of {input.dtype} into {output.dtype}")
+        uneven = any(
+            splits and any(s != splits[0] for s in splits)
+            for splits in (output_split_sizes, input_split_sizes))
+        if not uneven:
+            if input.numel() != output.numel() or input.numel() % max(self._size, 1):
+                raise ValueError(f"bcl: all_to_all_single needs input and output of {self._size} "
+                                 f"equal blocks; got {input.numel()} and {output.numel()} elements")
+            out, back = _flat(output)
+            inp = input.contiguous()
+            n, dt = input.numel() // self._size, _dtype(input)
+            return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(out), n, dt, self._comm, s),
+                               (output, out, inp), back, [output])
+        # Uneven splits (along dim 0, as torch counts them): every pair exchanges its blocks
+        # in one group of sends and receives.
+        row = lambda t: t[0].numel() if t.dim() > 1 and t.shape[0] else 1
+        ins = [s * row(input) for s in (input_split_sizes or [input.shape[0] // self._size] * self._size)]
+        outs = [s * row(output) for s in (output_split_sizes or [output.shape[0] // self._size] * self._size)]
+        if sum(ins) != input.numel() or sum(outs) != output.numel():
+            raise ValueError(f"bcl: all_to_all_single split sizes {input_split_sizes} / "
+                             f"{output_split_sizes} do not cover the tensors")
         out, back = _flat(output)
-        inp = input.contiguous()
-        dt = _dtype(input)
-        return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(out), n, dt, self._comm, s),
-                           (output, out, inp), back, [output])
+        self._exchange(input.contiguous().reshape(-1), ins, out.reshape(-1), outs)
+        if back:
+            back()
+        return _Done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         _cpu(*output_tensors, *input_tensors)
-        sizes = {t.numel() for t in list(output_tensors) + list(input_tensors)}
-        if len(sizes) > 1:
-            raise NotImplementedError("bcl: all_to_all with tensors of different sizes is not "
-                                      "implemented yet (equal sizes are)")
         inp = torch.cat([t.reshape(-1) for t in input_tensors])
-        staged = torch.empty_like(inp)
-        n, dt = input_tensors[0].numel(), _dtype(inp)
+        staged = torch.empty(sum(t.numel() for t in output_tensors), dtype=inp.dtype)
+        sizes_in = [t.numel() for t in input_tensors]
+        sizes_out = [t.numel() for t in output_tensors]
 
         def back():
-            for r, o in enumerate(output_tensors):
-                o.copy_(staged[r * n:(r + 1) * n].view_as(o))
+            at = 0
+            for o in output_tensors:
+                o.copy_(staged[at:at + o.numel()].view_as(o))
+                at += o.numel()
 
+        if len(set(sizes_in + sizes_out)) > 1:
+            self._exchange(inp, sizes_in, staged, sizes_out)
+            back()
+            return _Done(list(output_tensors))
+        n, dt = sizes_in[0], _dtype(inp)
         return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(staged), n, dt, self._comm, s),
                            (inp, staged, output_tensors), back, list(output_tensors))
+
+    def _exchange(self, inp, in_counts, out, out_counts):
+        """Uneven all-to-all of flat `inp` into flat `out` (element counts per peer): after the
+        queued operations, one group of sends and receives (blocking)."""
+        self._sync()
+        dt, esize = _dtype(inp), inp.element_size()
+        in_at = [sum(in_counts[:p]) for p in range(self._size)]
+        out_at = [sum(out_counts[:p]) for p in range(self._size)]
+        out[out_at[self._rank]:out_at[self._rank] + out_counts[self._rank]].copy_(
+            inp[in_at[self._rank]:in_at[self._rank] + in_counts[self._rank]])
+        check(lib.bclGroupStart())
+        first = _lib.SUCCESS
+        for p in range(self._size):
+            if p == self._rank:
+                continue
+            if in_counts[p]:
+                code = lib.bclSend(ctypes.c_void_p(inp.data_ptr() + in_at[p] * esize), in_counts[p],
+                                   dt, p, self._comm, None)
+                first = first or code
+            if out_counts[p]:
+                code = lib.bclRecv(ctypes.c_void_p(out.data_ptr() + out_at[p] * esize),
+                                   out_counts[p], dt, p, self._comm, None)
+                first = first or code
+        end = lib.bclGroupEnd()
+        check(first or end)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
@@ -416,23 +466,49 @@ class ProcessGroupBCL(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._queue(lambda s: lib.bclBarrier(self._comm, s), (), None, [])
 
-    # Sends and receives block (BCL's host streams carry collectives only so far); torch's
-    # ordering of them is the caller's, as with Gloo.
-    def send(self, tensors, dst, tag=0):
+    # Sends and receives block (BCL's host streams carry collectives only so far), except
+    # between torch's _start_coalescing and _end_coalescing (batch_isend_irecv): there they
+    # are a BCL group (bclGroupStart/End), run together at its end, so no order deadlocks.
+    supports_coalescing = True
+
+    def _get_backend(self, device):
+        return self
+
+    def _start_coalescing(self, device):
         self._sync()
+        check(lib.bclGroupStart())
+        self._grouped = []
+
+    def _end_coalescing(self, device):
+        grouped, self._grouped = self._grouped, None
+        check(lib.bclGroupEnd())
+        for back in grouped:
+            back()
+        return _Done([])
+
+    def send(self, tensors, dst, tag=0):
+        grouped = getattr(self, "_grouped", None)
+        if grouped is None:
+            self._sync()
         for t in tensors:
             _cpu(t)
             c = t.contiguous()
+            if grouped is not None:
+                grouped.append(lambda c=c: c)  # keeps a copy alive until the group's end
             check(lib.bclSend(_ptr(c), c.numel(), _dtype(t), dst, self._comm, None))
         return _Done(list(tensors))
 
     def recv(self, tensors, src, tag=0):
-        self._sync()
+        grouped = getattr(self, "_grouped", None)
+        if grouped is None:
+            self._sync()
         for t in tensors:
             _cpu(t)
             c, back = _flat(t)
             check(lib.bclRecv(_ptr(c), c.numel(), _dtype(t), src, self._comm, None))
-            if back:
+            if grouped is not None:
+                grouped.append(back or (lambda c=c: c))
+            elif back:
                 back()
         return _Done(list(tensors))
 
@@ -448,8 +524,12 @@ def _same(big, small, elems, what):
                          f"{big.numel()} x {big.dtype}")
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroupBCL(store, rank, size, timeout)
+def _create(opts, _backend_options):
+    pg = ProcessGroupBCL(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    # torch keeps a ProcessGroup a backend returns as it is: name it as torch names its own
+    # (DeviceMesh and FSDP look groups up by name).
+    pg._set_group_name(opts.group_id)
+    return pg
 
 
-dist.Backend.register_backend("bcl", _create, devices=["cpu"])
+dist.Backend.register_backend("bcl", _create, extended_api=True, devices=["cpu"])

@@ -1,6 +1,6 @@
 """One rank of `torchrun --nproc-per-node N python/tests/check_ops.py`: every operation of
 the "bcl" backend against Gloo in the same job (torch_ucc's method), on the same inputs:
-sizes 0, 1, 7, 1000 and 2^20 elements, dtypes float32, float64, float16, bfloat16, int8,
+sizes 0, 1, 7, 1000 and 2^20 elements, uneven all-to-all splits, dtypes float32, float64, float16, bfloat16, int8,
 uint8, int32, int64 and bool, every reduce op, contiguous and non-contiguous tensors, sync
 and async. Exact comparison, except float sums whose rounding depends on the reduction
 order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
@@ -140,6 +140,21 @@ for dtype in DTYPES:
         dist.all_to_all_single(ab, full, group=gloo)
         same(f"all_to_all_single {tag}", aa, ab)
 
+# Uneven all-to-all: rank r sends (r + p) % 3 rows of 5 to rank p (some of them none).
+for dtype in (torch.float32, torch.int64, torch.bfloat16):
+    ins = [(rank + p) % 3 for p in range(n)]
+    outs = [(p + rank) % 3 for p in range(n)]
+    src = data(rank + 400, sum(ins) * 5, dtype).reshape(-1, 5)
+    a, b = torch.zeros(sum(outs), 5, dtype=dtype), torch.zeros(sum(outs), 5, dtype=dtype)
+    dist.all_to_all_single(a, src, outs, ins)
+    dist.all_to_all_single(b, src, outs, ins, group=gloo)
+    same(f"all_to_all_single uneven {dtype}", a, b)
+    # Gloo's list all_to_all takes equal sizes only: compare with its all_to_all_single.
+    la = [torch.zeros(o * 5, dtype=dtype) for o in outs]
+    chunks = list(src.reshape(-1).split([i * 5 for i in ins]))
+    dist.all_to_all(la, chunks)
+    same(f"all_to_all uneven {dtype}", torch.cat(la), b.reshape(-1))
+
 # Non-contiguous tensors: a column of a matrix, reduced in place.
 m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
 col_a, col_b = m[:, 1].clone(), m[:, 1].clone()
@@ -170,6 +185,15 @@ if n > 1:
         got = torch.zeros(5, dtype=torch.int64)
         dist.recv(got, src=0)
         same("send/recv", got, torch.arange(5, dtype=torch.int64))
+# batch_isend_irecv: a ring exchange of 16 MiB each way (a BCL group: no order deadlocks).
+for numel in (10, 1 << 22):
+    out = torch.full((numel,), float(rank))
+    got = torch.zeros(numel)
+    ops = [dist.P2POp(dist.isend, out, (rank + 1) % n), dist.P2POp(dist.irecv, got, (rank - 1) % n)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    if not torch.all(got == float((rank - 1) % n)):
+        failures.append(f"batch_isend_irecv of {numel}: {got[0]}")
 dist.barrier()
 
 if failures:

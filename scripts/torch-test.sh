@@ -3,7 +3,7 @@
 # machine lacks it), `pip install ./python`, then under torchrun: every operation against
 # Gloo in the same job on 2, 3 and 4 ranks (python/tests/check_ops.py), DDP on 4 ranks
 # ending with the single-process model's weights (check_ddp.py), FSDP2 against Gloo
-# (check_fsdp.py), subgroups (check_groups.py)
+# (check_fsdp.py), subgroups (check_groups.py), the group timeout (check_timeout.py)
 # and a rank killed mid-training (check_kill.py, 4 processes without torchrun). Run by
 # scripts/test.sh; fails loudly when torch cannot be installed.
 set -euo pipefail
@@ -26,5 +26,7 @@ echo "== torch: FSDP2 (fully_shard) of a small transformer, loss curve against g
 timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_fsdp.py"
 echo "== torch: subgroups (2 of 4, a 2 x 2 grid with both families in flight)"
 timeout 300 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_groups.py"
+echo "== torch: the group's timeout bounds a collective (a rank 8 s late, timeout 3 s)"
+timeout 120 python3 -m torch.distributed.run --nproc-per-node 2 "$OLDPWD/python/tests/check_timeout.py"
 echo "== torch: a rank SIGKILLed mid-training; the others' Python raises naming it"
 timeout 300 python3 "$OLDPWD/python/tests/check_kill.py"

@@ -16,6 +16,20 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
 
+class Config(ctypes.Structure):
+    """bclConfig_t (bcl.h); start from `Config.default()`."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("device", ctypes.c_char_p), ("transport", ctypes.c_char_p),
+                ("socketsPerPeer", ctypes.c_int), ("initTimeoutSeconds", ctypes.c_double),
+                ("timeoutSeconds", ctypes.c_double)]
+
+    @classmethod
+    def default(cls):
+        version = ctypes.c_int()
+        check(lib.bclGetVersion(ctypes.byref(version)))
+        return cls(ctypes.sizeof(cls), 0xBC1C0F16, version.value, None, None, 0, 0.0, 0.0)
+
+
 class BclError(RuntimeError):
     """A failed BCL call: `code` is the bclResult_t, the text is bclGetLastError's."""
 
@@ -50,6 +64,8 @@ _p, _i, _sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 for name, args in {
     "bclGetUniqueId": [ctypes.POINTER(UniqueId)],
     "bclCommInitRank": [ctypes.POINTER(_p), _i, UniqueId, _i],
+    "bclCommInitRankConfig": [ctypes.POINTER(_p), _i, UniqueId, _i, ctypes.POINTER(Config)],
+    "bclGetVersion": [ctypes.POINTER(_i)],
     "bclCommDestroy": [_p],
     "bclCommAbort": [_p],
     "bclCommSplit": [_p, _i, _i, ctypes.POINTER(_p), _p],

@@ -46,16 +46,25 @@ def _dtype(t):
         raise TypeError(f"bcl: tensors of {t.dtype} are not supported") from None
 
 
+# torch's ReduceOp.RedOpType numbers -> BCL's ops.
+_RED_OPS = {
+    int(dist.ReduceOp.SUM): _lib.SUM,
+    int(dist.ReduceOp.AVG): _lib.AVG,
+    int(dist.ReduceOp.PRODUCT): _lib.PROD,
+    int(dist.ReduceOp.MIN): _lib.MIN,
+    int(dist.ReduceOp.MAX): _lib.MAX,
+}
+
+
 def _op(op, t):
     """BCL's op for torch's, on tensor `t` (bool: sum is or, product is and)."""
-    R = dist.ReduceOp
-    table = {R.SUM: _lib.SUM, R.PRODUCT: _lib.PROD, R.MIN: _lib.MIN, R.MAX: _lib.MAX, R.AVG: _lib.AVG}
-    for k, v in table.items():
-        if op == k:
-            if t.dtype == torch.bool:
-                return {_lib.SUM: _lib.MAX, _lib.PROD: _lib.MIN}.get(v, v)
-            return v
-    raise ValueError(f"bcl: reduce op {op} is not supported (SUM, PRODUCT, MIN, MAX, AVG are)")
+    kind = getattr(op, "op", op)
+    v = _RED_OPS.get(int(kind))
+    if v is None:
+        raise ValueError(f"bcl: reduce op {kind} is not supported (SUM, PRODUCT, MIN, MAX, AVG are)")
+    if t.dtype == torch.bool:
+        return {_lib.SUM: _lib.MAX, _lib.PROD: _lib.MIN}.get(v, v)
+    return v
 
 
 def _cpu(*tensors):
@@ -130,8 +139,6 @@ class _Done(dist.Work):
     def __init__(self, result):
         super().__init__()
         self._result = result
-        self._future = Future()
-        self._future.set_result(result)
 
     def wait(self, timeout=timedelta(0)):
         return True
@@ -143,7 +150,9 @@ class _Done(dist.Work):
         return True
 
     def get_future(self):
-        return self._future
+        future = Future()
+        future.set_result(self._result)
+        return future
 
     def result(self):
         return self._result
@@ -178,8 +187,13 @@ class ProcessGroupBCL(dist.ProcessGroup):
         else:
             data = store.get("bcl/unique_id")
             ctypes.memmove(ctypes.addressof(uid), data, min(len(data), ctypes.sizeof(uid)))
+        # The group's timeout bounds each collective (and init), as it does Gloo's.
+        config = _lib.Config.default()
+        if timeout is not None and timeout.total_seconds() > 0:
+            config.timeoutSeconds = config.initTimeoutSeconds = timeout.total_seconds()
         self._comm = ctypes.c_void_p()
-        check(lib.bclCommInitRank(ctypes.byref(self._comm), size, uid, rank))
+        check(lib.bclCommInitRankConfig(ctypes.byref(self._comm), size, uid, rank,
+                                        ctypes.byref(config)))
         self._stream = ctypes.c_void_p()
         check(lib.bclStreamCreate(ctypes.byref(self._stream)))
         self._pending = queue.Queue()

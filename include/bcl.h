@@ -276,6 +276,18 @@ bclResult_t bclReduce(const void* sendbuff, void* recvbuff, size_t count,
 bclResult_t bclAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                         bclDataType_t datatype, bclComm_t comm, bclStream_t stream);
 
+/* bclAllToAllv: all-to-all with a count per pair (MPI_Alltoallv without displacements):
+ * sendbuff holds the blocks for ranks 0, 1, ... packed in rank order, sendcounts[j] elements
+ * for rank j; recvbuff the blocks from them, recvcounts[j] from rank j. Both count arrays
+ * hold nranks entries and must not be NULL. Rank j's recvcounts[me] must equal this rank's
+ * sendcounts[j]: a difference is bclMismatch on rank j. sendcounts[me] == recvcounts[me].
+ * No in-place form (overlapping buffers are bclInvalidArgument). On a host stream it returns
+ * at once, the count arrays copied. Host memory only for now (a cuda communicator gives
+ * bclInvalidArgument). */
+bclResult_t bclAllToAllv(const void* sendbuff, const size_t* sendcounts, void* recvbuff,
+                         const size_t* recvcounts, bclDataType_t datatype, bclComm_t comm,
+                         bclStream_t stream);
+
 /* bclGather: recvbuff on root [r*sendcount + i] = sendbuff of rank r [i]; recvbuff holds
  * nranks*sendcount elements, is written on the root only and may be NULL elsewhere. In place
  * when, on the root, sendbuff == recvbuff + root*sendcount (elements). Direct: each rank

@@ -54,7 +54,7 @@ pub use comm::{CommBuilder, Communicator, Exclude, HostWork, ShrinkMode};
 pub use config::{CommConfig, HealthConfig, TransportKind};
 pub use error::{Cause, Error, Result};
 pub use peers::{PeerLabel, RankInfo};
-pub use schedule::{Algorithm, Collective};
+pub use schedule::{Algorithm, AllToAllCounts, Collective};
 pub use topology::LinkKind;
 pub use unique_id::UniqueId;
 pub use units::human_bytes;

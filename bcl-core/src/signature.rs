@@ -68,6 +68,7 @@ impl Signature {
             8 => Collective::Barrier,
             9 => Collective::Gather { root },
             10 => Collective::Scatter { root },
+            11 => Collective::AllToAllV,
             _ => return None,
         };
         Some(Signature {
@@ -106,6 +107,7 @@ fn kind_code(c: &Collective) -> u8 {
         Collective::Barrier => 8,
         Collective::Gather { .. } => 9,
         Collective::Scatter { .. } => 10,
+        Collective::AllToAllV => 11,
     }
 }
 
@@ -162,6 +164,7 @@ mod tests {
             Collective::Broadcast { root: 2 },
             Collective::Gather { root: 1 },
             Collective::Scatter { root: 0 },
+            Collective::AllToAllV,
             Collective::Send { peer: 1 },
             Collective::Recv { peer: 0 },
         ]);

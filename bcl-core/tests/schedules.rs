@@ -291,3 +291,32 @@ fn schedules_are_sans_io() {
     }
     assert!(checked >= 6, "expected the schedule files, found {checked}");
 }
+
+/// All-to-all with per-pair counts: every count matrix of small worlds drawn from a seed
+/// (empty blocks, uneven sizes), sliced finely and not, in any ring order and execution order.
+#[test]
+fn all_to_all_with_per_pair_counts() {
+    use bcl_core::schedule::checker::check_all_to_all_v;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for world in 1..=7 {
+        for trial in 0..40 {
+            let sends: Vec<Vec<usize>> = (0..world)
+                .map(|_| (0..world).map(|_| (next() % 9) as usize).collect())
+                .collect();
+            let mut ring: Vec<usize> = (0..world).collect();
+            ring.sort_by_key(|_| next());
+            for slice in [1usize, 3, 1000] {
+                let seed = next();
+                if let Err(e) = check_all_to_all_v(&sends, slice, Some(ring.clone()), seed) {
+                    panic!("world {world} trial {trial} slice {slice} {sends:?}: {e}");
+                }
+            }
+        }
+    }
+}

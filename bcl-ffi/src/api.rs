@@ -953,6 +953,101 @@ pub unsafe extern "C" fn bclScatter(
 }
 
 /// # Safety
+/// See `bclAllToAllv` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclAllToAllv(
+    sendbuff: *const c_void,
+    sendcounts: *const usize,
+    recvbuff: *mut c_void,
+    recvcounts: *const usize,
+    datatype: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    // SAFETY: bcl.h's contract for bclAllToAllv.
+    call("bclAllToAllv", || unsafe {
+        all_to_all_v(
+            sendbuff, sendcounts, recvbuff, recvcounts, datatype, comm, stream,
+        )
+    })
+}
+
+/// # Safety
+/// As `bclAllToAllv`: the count arrays hold nranks entries, the buffers their sums.
+unsafe fn all_to_all_v(
+    send: *const c_void,
+    sendcounts: *const usize,
+    recv: *mut c_void,
+    recvcounts: *const usize,
+    datatype: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> Result<(), Error> {
+    let dtype = data_type(datatype)?;
+    let comm = registry::get(comm as usize)?;
+    if takes_device_pointers(&comm) {
+        return Err(invalid(format!(
+            "rank {}: bclAllToAllv of GPU memory is not implemented yet; stage through host \
+             memory on a cpu communicator",
+            comm.rank()
+        )));
+    }
+    let n = comm.world_size();
+    let counts_of = |ptr: *const usize, what: &str| -> Result<Vec<usize>, Error> {
+        if ptr.is_null() {
+            return Err(invalid(format!("{what} is NULL")));
+        }
+        // SAFETY: bcl.h: a non-NULL count array holds nranks entries.
+        Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
+    };
+    let counts = bcl_core::AllToAllCounts {
+        send: counts_of(sendcounts, "sendcounts")?,
+        recv: counts_of(recvcounts, "recvcounts")?,
+    };
+    let total = |c: &[usize], what: &str| -> Result<usize, Error> {
+        c.iter()
+            .try_fold(0usize, |a, &x| a.checked_add(x))
+            .ok_or_else(|| invalid(format!("{what} overflow")))
+            .and_then(|e| byte_len(e, dtype))
+    };
+    let (in_bytes, out_bytes) = (
+        total(&counts.send, "sendcounts")?,
+        total(&counts.recv, "recvcounts")?,
+    );
+    let (s, r) = (send as usize, recv as usize);
+    if overlaps(s, in_bytes, r, out_bytes) {
+        return Err(invalid(
+            "bclAllToAllv: sendbuff and recvbuff overlap (it has no in-place form)".into(),
+        ));
+    }
+    if !stream.is_null() {
+        let host = host_stream::stream(stream as usize)?;
+        let present = |ptr: usize, len: usize, what: &str| -> Result<(usize, usize), Error> {
+            if ptr == 0 && len > 0 {
+                return Err(invalid(format!(
+                    "{what} is NULL but {len} bytes are needed"
+                )));
+            }
+            Ok((ptr, len))
+        };
+        let (after, done) = host.next_order();
+        let memory = RawHost {
+            input: Some(present(s, in_bytes, "sendbuff")?),
+            output: Some(present(r, out_bytes, "recvbuff")?),
+            after,
+            done,
+        };
+        host.push(comm.submit_host_v(counts, dtype, Box::new(memory))?);
+        return Ok(());
+    }
+    // SAFETY: bcl.h's contract for each buffer; they do not overlap (checked above).
+    let input = unsafe { read_slice(send, in_bytes, "sendbuff")? };
+    // SAFETY: as above.
+    let output = unsafe { write_slice(recv, out_bytes, "recvbuff")? };
+    comm.run_host_v(counts, dtype, input, output)
+}
+
+/// # Safety
 /// See `bclAllToAll` in bcl.h.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bclAllToAll(

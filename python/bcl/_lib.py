@@ -75,6 +75,7 @@ for name, args in {
     "bclAllGather": [_p, _p, _sz, _i, _p, _p],
     "bclReduceScatter": [_p, _p, _sz, _i, _i, _p, _p],
     "bclAllToAll": [_p, _p, _sz, _i, _p, _p],
+    "bclAllToAllv": [_p, ctypes.POINTER(_sz), _p, ctypes.POINTER(_sz), _i, _p, _p],
     "bclGather": [_p, _p, _sz, _i, _i, _p, _p],
     "bclScatter": [_p, _p, _sz, _i, _i, _p, _p],
     "bclSend": [_p, _sz, _i, _i, _p, _p],

@@ -311,6 +311,19 @@ class ProcessGroupBCL(dist.ProcessGroup):
         _cpu(input, *outs)
         inp = input.contiguous()
         n = inp.numel()
+        if any(o.numel() != n for o in outs):
+            # Uneven: output p holds rank p's input, whatever its size.
+            if outs[self._rank].numel() != n:
+                raise ValueError(f"bcl: all_gather: output {self._rank} holds "
+                                 f"{outs[self._rank].numel()} elements, this rank's input {n}")
+            flats = [o.contiguous() for o in outs]
+            flats[self._rank].copy_(inp.view_as(flats[self._rank]))
+            others = [p for p in range(self._size) if p != self._rank]
+            self._group_p2p([(p, inp) for p in others], [(p, flats[p]) for p in others])
+            for o, f in zip(outs, flats):
+                if f.data_ptr() != o.data_ptr():
+                    o.copy_(f)
+            return _Done([outs])
         for o in outs:
             _same(o, input, n, "all_gather")
         staged = torch.empty(self._size * n, dtype=input.dtype)
@@ -342,8 +355,39 @@ class ProcessGroupBCL(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         (output,), (inputs,) = output_tensors, input_lists
+        if any(i.numel() != output.numel() for i in inputs):
+            return self._reduce_scatter_uneven(output, inputs, opts or dist.ReduceScatterOptions())
         staged = torch.cat([i.reshape(-1) for i in inputs])
         return self.reduce_scatter_single(output, staged, opts)
+
+    def _reduce_scatter_uneven(self, output, inputs, opts):
+        """Input p goes to rank p, whatever its size; each rank reduces what it receives."""
+        _cpu(output, *inputs)
+        me, n = self._rank, output.numel()
+        if inputs[me].numel() != n:
+            raise ValueError(f"bcl: reduce_scatter: input {me} holds {inputs[me].numel()} "
+                             f"elements, this rank's output {n}")
+        code = _op(opts.reduceOp, output)
+        got = [torch.empty(n, dtype=output.dtype) for _ in range(self._size)]
+        others = [p for p in range(self._size) if p != me]
+        self._group_p2p([(p, inputs[p].contiguous().reshape(-1)) for p in others],
+                        [(p, got[p]) for p in others])
+        got[me] = inputs[me].reshape(-1)
+        # In rank order, as the sum of a ring would be written out.
+        acc = got[0].clone()
+        for t in got[1:]:
+            if code in (_lib.SUM, _lib.AVG):
+                acc.add_(t)
+            elif code == _lib.PROD:
+                acc.mul_(t)
+            elif code == _lib.MIN:
+                torch.minimum(acc, t, out=acc)
+            else:
+                torch.maximum(acc, t, out=acc)
+        if code == _lib.AVG:
+            acc = acc / self._size if acc.is_floating_point() else acc // self._size
+        output.copy_(acc.view_as(output))
+        return _Done([output])
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _cpu(output, input)
@@ -361,8 +405,8 @@ class ProcessGroupBCL(dist.ProcessGroup):
             n, dt = input.numel() // self._size, _dtype(input)
             return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(out), n, dt, self._comm, s),
                                (output, out, inp), back, [output])
-        # Uneven splits (along dim 0, as torch counts them): every pair exchanges its blocks
-        # in one group of sends and receives.
+        # Uneven splits (along dim 0, as torch counts them): BCL's all-to-all with per-pair
+        # counts, queued like the others.
         row = lambda t: t[0].numel() if t.dim() > 1 and t.shape[0] else 1
         ins = [s * row(input) for s in (input_split_sizes or [input.shape[0] // self._size] * self._size)]
         outs = [s * row(output) for s in (output_split_sizes or [output.shape[0] // self._size] * self._size)]
@@ -370,10 +414,17 @@ class ProcessGroupBCL(dist.ProcessGroup):
             raise ValueError(f"bcl: all_to_all_single split sizes {input_split_sizes} / "
                              f"{output_split_sizes} do not cover the tensors")
         out, back = _flat(output)
-        self._exchange(input.contiguous().reshape(-1), ins, out.reshape(-1), outs)
-        if back:
-            back()
-        return _Done([output])
+        inp = input.contiguous()
+        return self._alltoallv(inp, ins, out, outs, (output,), back, [output])
+
+    def _alltoallv(self, inp, in_counts, out, out_counts, keep, back, result):
+        """Queue BCL's all-to-all with per-pair counts (element counts, packed blocks)."""
+        n = self._size
+        sc, rc = (ctypes.c_size_t * n)(*in_counts), (ctypes.c_size_t * n)(*out_counts)
+        dt = _dtype(inp)
+        return self._queue(
+            lambda s: lib.bclAllToAllv(_ptr(inp), sc, _ptr(out), rc, dt, self._comm, s),
+            (inp, out, sc, rc) + tuple(keep), back, result)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         _cpu(*output_tensors, *input_tensors)
@@ -389,35 +440,24 @@ class ProcessGroupBCL(dist.ProcessGroup):
                 at += o.numel()
 
         if len(set(sizes_in + sizes_out)) > 1:
-            self._exchange(inp, sizes_in, staged, sizes_out)
-            back()
-            return _Done(list(output_tensors))
+            return self._alltoallv(inp, sizes_in, staged, sizes_out, (output_tensors,), back,
+                                   list(output_tensors))
         n, dt = sizes_in[0], _dtype(inp)
         return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(staged), n, dt, self._comm, s),
                            (inp, staged, output_tensors), back, list(output_tensors))
 
-    def _exchange(self, inp, in_counts, out, out_counts):
-        """Uneven all-to-all of flat `inp` into flat `out` (element counts per peer): after the
-        queued operations, one group of sends and receives (blocking)."""
+    def _group_p2p(self, sends, recvs):
+        """After the queued operations, one BCL group of sends and receives of contiguous
+        tensors ((peer, tensor) pairs; empty ones skipped), blocking until all are done."""
         self._sync()
-        dt, esize = _dtype(inp), inp.element_size()
-        in_at = [sum(in_counts[:p]) for p in range(self._size)]
-        out_at = [sum(out_counts[:p]) for p in range(self._size)]
-        out[out_at[self._rank]:out_at[self._rank] + out_counts[self._rank]].copy_(
-            inp[in_at[self._rank]:in_at[self._rank] + in_counts[self._rank]])
         check(lib.bclGroupStart())
         first = _lib.SUCCESS
-        for p in range(self._size):
-            if p == self._rank:
-                continue
-            if in_counts[p]:
-                code = lib.bclSend(ctypes.c_void_p(inp.data_ptr() + in_at[p] * esize), in_counts[p],
-                                   dt, p, self._comm, None)
-                first = first or code
-            if out_counts[p]:
-                code = lib.bclRecv(ctypes.c_void_p(out.data_ptr() + out_at[p] * esize),
-                                   out_counts[p], dt, p, self._comm, None)
-                first = first or code
+        for peer, t in sends:
+            if t.numel():
+                first = first or lib.bclSend(_ptr(t), t.numel(), _dtype(t), peer, self._comm, None)
+        for peer, t in recvs:
+            if t.numel():
+                first = first or lib.bclRecv(_ptr(t), t.numel(), _dtype(t), peer, self._comm, None)
         end = lib.bclGroupEnd()
         check(first or end)
 

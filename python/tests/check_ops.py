@@ -1,6 +1,6 @@
 """One rank of `torchrun --nproc-per-node N python/tests/check_ops.py`: every operation of
 the "bcl" backend against Gloo in the same job (torch_ucc's method), on the same inputs:
-sizes 0, 1, 7, 1000 and 2^20 elements, uneven all-to-all splits, dtypes float32, float64, float16, bfloat16, int8,
+sizes 0, 1, 7, 1000 and 2^20 elements, uneven all-to-all splits and uneven all_gather / reduce_scatter, dtypes float32, float64, float16, bfloat16, int8,
 uint8, int32, int64 and bool, every reduce op, contiguous and non-contiguous tensors, sync
 and async. Exact comparison, except float sums whose rounding depends on the reduction
 order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
@@ -154,6 +154,20 @@ for dtype in (torch.float32, torch.int64, torch.bfloat16):
     chunks = list(src.reshape(-1).split([i * 5 for i in ins]))
     dist.all_to_all(la, chunks)
     same(f"all_to_all uneven {dtype}", torch.cat(la), b.reshape(-1))
+
+# Uneven all_gather and reduce_scatter: rank p contributes (and receives) p + 1 elements.
+# Gloo takes equal sizes only: checked against the inputs every rank can regenerate.
+for dtype in (torch.float32, torch.int32):
+    mine = data(rank + 500, rank + 1, dtype)
+    outs = [torch.zeros(p + 1, dtype=dtype) for p in range(n)]
+    dist.all_gather(outs, mine)
+    for p in range(n):
+        same(f"uneven all_gather {dtype} block {p}", outs[p], data(p + 500, p + 1, dtype))
+    ins = [data(rank * 10 + p + 600, p + 1, dtype) for p in range(n)]
+    out = torch.zeros(rank + 1, dtype=dtype)
+    dist.reduce_scatter(out, ins, op=R.SUM)
+    want = sum(data(r * 10 + rank + 600, rank + 1, dtype).double() for r in range(n)).to(dtype)
+    same(f"uneven reduce_scatter {dtype}", out, want)
 
 # Non-contiguous tensors: a column of a matrix, reduced in place.
 m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank

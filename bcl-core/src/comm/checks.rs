@@ -4,7 +4,7 @@
 
 use super::Communicator;
 use crate::error::{Error, Result};
-use crate::schedule::Collective;
+use crate::schedule::{AllToAllCounts, Collective};
 use bcl_backends::DataType;
 
 pub(super) fn check_rank(rank: usize, world: usize) -> Result<()> {
@@ -64,6 +64,39 @@ impl Communicator {
             Some(first) => Err(Error::Poisoned(first)),
             None => Ok(()),
         }
+    }
+
+    /// Check an all-to-all with per-pair counts: one count per rank each way, this rank's own
+    /// block the same size both ways; returns the bytes of the packed send and receive
+    /// buffers. (That rank j's `recv[me]` equals this rank's `send[j]` only rank j can tell:
+    /// a difference fails there as a size mismatch naming this rank.)
+    pub(super) fn check_call_v(&self, counts: &AllToAllCounts, dtype: DataType) -> Result<Needs> {
+        self.check_usable()?;
+        let (rank, world) = (self.rank(), self.world_size());
+        for (what, c) in [("send", &counts.send), ("receive", &counts.recv)] {
+            if c.len() != world {
+                return Err(Error::InvalidArgument(format!(
+                    "alltoallv: {} {what} counts for a communicator of {world} ranks",
+                    c.len()
+                )));
+            }
+        }
+        if counts.send[rank] != counts.recv[rank] {
+            return Err(Error::InvalidArgument(format!(
+                "alltoallv: rank {rank} sends itself {} elements but receives {} from itself",
+                counts.send[rank], counts.recv[rank]
+            )));
+        }
+        let bytes = |c: &[usize]| -> Result<usize> {
+            c.iter()
+                .try_fold(0usize, |a, &x| a.checked_add(x))
+                .and_then(|e| e.checked_mul(dtype.size()))
+                .filter(|b| *b <= isize::MAX as usize)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("alltoallv: counts {c:?} of {dtype} overflow"))
+                })
+        };
+        Ok((Some(bytes(&counts.send)?), Some(bytes(&counts.recv)?)))
     }
 
     /// Check a call's parameters against this communicator (usable, root or peer in range);

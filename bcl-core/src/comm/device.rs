@@ -187,6 +187,7 @@ impl Communicator {
             count,
             dtype,
             on_device: true,
+            counts: None,
         };
         self.queue_job(call, memory)
     }

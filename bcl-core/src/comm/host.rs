@@ -6,8 +6,9 @@ use super::checks::{Fit, check_len};
 use super::op::{Call, run};
 use crate::error::Result;
 use crate::exec::{Bindings, Memory};
-use crate::schedule::Collective;
+use crate::schedule::{AllToAllCounts, Collective};
 use bcl_backends::{DataType, Element, ReduceOp};
+use std::sync::Arc;
 
 impl Communicator {
     /// `recv[i] = op over ranks of send[i]`.
@@ -220,6 +221,51 @@ impl Communicator {
         )
     }
 
+    /// All-to-all with a count per pair: `send` holds the blocks for ranks 0, 1, ... packed
+    /// in rank order (`send_counts[j]` elements for rank j), `recv` the blocks from them
+    /// (`recv_counts[j]` from rank j). Rank j's `recv_counts[me]` must equal this rank's
+    /// `send_counts[j]`; a difference fails on rank j as a size mismatch.
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let counts = AllToAllCounts {
+            send: send_counts.to_vec(),
+            recv: recv_counts.to_vec(),
+        };
+        self.run_host_v(counts, T::DATA_TYPE, bytes(send), bytes_mut(recv))
+    }
+
+    /// The untyped [`Communicator::all_to_all_v`] (and the C ABI's `bclAllToAllv`).
+    pub fn run_host_v(
+        &self,
+        counts: AllToAllCounts,
+        dtype: DataType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<()> {
+        let need = self.check_call_v(&counts, dtype)?;
+        check_len("send buffer", Some(input.len()), need.0, Fit::Exact)?;
+        check_len("receive buffer", Some(output.len()), need.1, Fit::Exact)?;
+        self.wait_for_queued_work();
+        let bindings = Bindings {
+            input: Some(Memory::HostRead(input)),
+            output: Some(Memory::HostWrite(output)),
+            scratch: None,
+        };
+        let call = Call {
+            collective: Collective::AllToAllV,
+            count: counts.send.iter().sum(),
+            dtype,
+            on_device: false,
+            counts: Some(Arc::new(counts)),
+        };
+        run(&self.shared, &mut self.shared.engine.lock(), call, bindings)
+    }
+
     /// Send `data` to `peer`, which must call [`Communicator::recv`] with the same count.
     pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
         self.run_host(
@@ -272,6 +318,7 @@ impl Communicator {
             count,
             dtype,
             on_device: false,
+            counts: None,
         };
         run(&self.shared, &mut self.shared.engine.lock(), call, bindings)
     }

@@ -9,7 +9,7 @@ use super::Communicator;
 use super::checks::{Fit, check_len};
 use super::op::Call;
 use crate::error::{Error, Result};
-use crate::schedule::Collective;
+use crate::schedule::{AllToAllCounts, Collective};
 use crate::work::Work;
 use bcl_backends::{DataType, Element, HostStaged, ReduceOp};
 use parking_lot::Mutex;
@@ -38,6 +38,30 @@ impl Communicator {
             count,
             dtype,
             on_device: false,
+            counts: None,
+        };
+        self.queue_host(call, memory)
+    }
+
+    /// [`Communicator::submit_host`] for an all-to-all with per-pair counts
+    /// ([`Communicator::all_to_all_v`]): `memory` gives the packed send and receive buffers.
+    pub fn submit_host_v(
+        &self,
+        counts: AllToAllCounts,
+        dtype: DataType,
+        mut memory: Box<dyn HostStaged>,
+    ) -> Result<Work> {
+        let (input, output) = memory.buffers();
+        let (input, output) = (input.map(<[u8]>::len), output.map(|o| o.len()));
+        let need = self.check_call_v(&counts, dtype)?;
+        check_len("send buffer", input.or(Some(0)), need.0, Fit::Exact)?;
+        check_len("receive buffer", output.or(Some(0)), need.1, Fit::Exact)?;
+        let call = Call {
+            collective: Collective::AllToAllV,
+            count: counts.send.iter().sum(),
+            dtype,
+            on_device: false,
+            counts: Some(Arc::new(counts)),
         };
         self.queue_host(call, memory)
     }

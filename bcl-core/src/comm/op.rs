@@ -14,19 +14,26 @@ use crate::error::Result;
 use crate::exec::{
     Bindings, Clock, ExecScratch, Executor, Measurements, Memory, OpContext, tag_base,
 };
-use crate::schedule::{Algorithm, Collective, Plan, build_plan, connections_per_peer, select};
+use crate::schedule::{
+    Algorithm, AllToAllCounts, Collective, Plan, build_plan, build_plan_v, connections_per_peer,
+    select,
+};
 use crate::signature::Signature;
 use bcl_backends::{DataType, DeviceBuffer, ReduceOp};
 use bcl_transport::Transport;
+use std::sync::Arc;
 
 /// What one call asks for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Call {
     pub collective: Collective,
+    /// As NCCL counts; for [`Collective::AllToAllV`] the elements sent in all.
     pub count: usize,
     pub dtype: DataType,
     /// The buffers are device memory (scratch is then made on the device too).
     pub on_device: bool,
+    /// The per-pair counts of an [`Collective::AllToAllV`].
+    pub counts: Option<Arc<AllToAllCounts>>,
 }
 
 /// The state one operation at a time works on: the transport, sequence numbers, plans and
@@ -94,13 +101,21 @@ struct PlanKey {
 const PLANS_KEPT: usize = 64;
 
 /// Plans by key, most recently used first (a few keys at a time: a linear search beats
-/// hashing the key).
+/// hashing the key); and the plan of the last all-to-all with per-pair counts, which is
+/// built for each call (its counts are the caller's every time).
 #[derive(Default)]
-struct PlanCache(Vec<(PlanKey, Plan)>);
+struct PlanCache {
+    kept: Vec<(PlanKey, Plan)>,
+    one_off: Option<Plan>,
+}
 
 impl PlanCache {
+    fn one_off(&mut self, plan: Plan) -> &Plan {
+        self.one_off.insert(plan)
+    }
+
     fn get(&mut self, key: PlanKey, build: impl FnOnce() -> Plan) -> &Plan {
-        let plans = &mut self.0;
+        let plans = &mut self.kept;
         match plans.iter().position(|(k, _)| *k == key) {
             Some(0) => {}
             Some(at) => {
@@ -131,9 +146,9 @@ pub(super) fn run<'a>(
         device_scratch,
         exec_scratch,
     } = engine;
-    let begun = begin(shared, sequences, plans, call, bindings.input.is_none());
+    let begun = begin(shared, sequences, plans, &call, bindings.input.is_none());
     let scratch = begun.plan.scratch_elems * call.dtype.size();
-    bindings.scratch = bind_scratch(shared, call, scratch, host_scratch, device_scratch)?;
+    bindings.scratch = bind_scratch(shared, &call, scratch, host_scratch, device_scratch)?;
     let ctx = OpContext {
         tag_base: tag_base(begun.signature.seq, call.collective.is_point_to_point()),
         dtype: call.dtype,
@@ -176,24 +191,39 @@ fn begin<'e>(
     shared: &Shared,
     sequences: &mut Sequences,
     plans: &'e mut PlanCache,
-    call: Call,
+    call: &Call,
     in_place: bool,
 ) -> Begun<'e> {
     let signature = Signature {
         seq: sequences.next(call.collective),
         collective: call.collective,
-        count: call.count as u64,
+        // Ranks of an all-to-all with per-pair counts send different totals: its counts are
+        // checked pair by pair, by each message's size.
+        count: if call.counts.is_some() {
+            0
+        } else {
+            call.count as u64
+        },
         dtype: call.dtype,
     };
     let bytes = call.count * call.dtype.size();
     let algorithm =
         (shared.config.algorithm).unwrap_or_else(|| select(call.collective, bytes, shared.fabric));
+    let slice_elems = (shared.config.slice_bytes / call.dtype.size()).max(1);
+    if let Some(counts) = &call.counts {
+        let plan = plans.one_off(build_plan_v(&shared.layout, counts, slice_elems));
+        return Begun {
+            signature,
+            algorithm,
+            plan,
+        };
+    }
     let key = PlanKey {
         collective: call.collective,
         algorithm,
         count: call.count,
         in_place,
-        slice_elems: (shared.config.slice_bytes / call.dtype.size()).max(1),
+        slice_elems,
     };
     let plan = plans.get(key, || {
         let layout = &shared.layout;
@@ -217,7 +247,7 @@ fn begin<'e>(
 /// operations and grown when a plan needs more.
 fn bind_scratch<'a>(
     shared: &Shared,
-    call: Call,
+    call: &Call,
     bytes: usize,
     host: &'a mut Vec<u8>,
     device: &'a mut Option<DeviceBuffer>,

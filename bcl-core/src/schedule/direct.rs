@@ -4,7 +4,7 @@
 use super::plan::BufferId::{self, Input, Output, Scratch};
 use super::plan::{Action, PlanBuilder, Region};
 use super::ring::part;
-use super::{Layout, copy_sliced};
+use super::{AllToAllCounts, Layout, copy_sliced};
 
 fn each_slice(count: usize, slice: usize, mut f: impl FnMut(u32, usize, usize)) {
     let s_count = count.div_ceil(slice).max(1);
@@ -131,6 +131,36 @@ pub(crate) fn scatter(
     }
     if !in_place {
         copy_sliced(b, Region::new(Input, root * count, count), Output, 0, slice);
+    }
+}
+
+/// All-to-all with a count per pair: block j of the packed input (`counts.send[j]`
+/// elements) goes to rank j, block j of the packed output comes from rank j. Peers in the
+/// all-to-all's order (rank+1, rank+2, ...); the own block is a local copy.
+pub(crate) fn all_to_all_v(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    counts: &AllToAllCounts,
+    slice: usize,
+) {
+    let (n, rank) = (layout.world(), layout.rank());
+    let (sent_at, received_at) = (
+        AllToAllCounts::offsets(&counts.send),
+        AllToAllCounts::offsets(&counts.recv),
+    );
+    let own = counts.send[rank].min(counts.recv[rank]);
+    copy_sliced(
+        b,
+        Region::new(Input, sent_at[rank], own),
+        Output,
+        received_at[rank],
+        slice,
+    );
+    for d in 1..n {
+        let to = (rank + d) % n;
+        let from = (rank + n - d) % n;
+        send_block(b, to, Input, sent_at[to], counts.send[to], slice);
+        recv_block(b, from, received_at[from], counts.recv[from], slice);
     }
 }
 

@@ -55,6 +55,40 @@ pub enum Collective {
     Scatter {
         root: usize,
     },
+    /// All-to-all with a count per pair (MPI_Alltoallv, torch's uneven `all_to_all_single`):
+    /// the counts travel beside the collective ([`AllToAllCounts`], [`build_plan_v`]). Planned
+    /// without them (`count` per peer), it is the all-to-all.
+    AllToAllV,
+}
+
+/// The counts of one rank's [`Collective::AllToAllV`]: elements it sends to each rank and
+/// receives from each rank, its blocks packed in rank order in the send and receive buffers.
+/// `send[j]` here must equal `recv[me]` on rank j (a difference is a size mismatch there).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AllToAllCounts {
+    pub send: Vec<usize>,
+    pub recv: Vec<usize>,
+}
+
+impl AllToAllCounts {
+    /// Where each block starts in a packed buffer.
+    pub fn offsets(counts: &[usize]) -> Vec<usize> {
+        counts
+            .iter()
+            .scan(0usize, |at, &c| {
+                let here = *at;
+                *at = at.saturating_add(c);
+                Some(here)
+            })
+            .collect()
+    }
+}
+
+/// The plan of one rank's [`Collective::AllToAllV`] with `counts`.
+pub fn build_plan_v(layout: &Layout, counts: &AllToAllCounts, slice_elems: usize) -> Plan {
+    let mut b = PlanBuilder::new();
+    direct::all_to_all_v(&mut b, layout, counts, slice_elems.max(1));
+    b.finish()
 }
 
 impl Collective {
@@ -71,6 +105,7 @@ impl Collective {
             Collective::Barrier => "barrier",
             Collective::Gather { .. } => "gather",
             Collective::Scatter { .. } => "scatter",
+            Collective::AllToAllV => "alltoallv",
         }
     }
 
@@ -120,7 +155,7 @@ impl Collective {
             Collective::Reduce { root, .. } => {
                 (Some(count), if rank == *root { Some(count) } else { None })
             }
-            Collective::AllToAll => (Some(all), Some(all)),
+            Collective::AllToAll | Collective::AllToAllV => (Some(all), Some(all)),
             Collective::Send { .. } => (Some(count), None),
             Collective::Recv { .. } => (None, Some(count)),
             Collective::Barrier => (None, None),
@@ -385,6 +420,14 @@ pub fn build_plan(
             chain::reduce(&mut b, layout, root, count, in_place, slice, reduction(op))
         }
         Collective::AllToAll => direct::all_to_all(&mut b, layout, count, in_place, slice),
+        Collective::AllToAllV => {
+            let n = layout.world();
+            let even = AllToAllCounts {
+                send: vec![count; n],
+                recv: vec![count; n],
+            };
+            direct::all_to_all_v(&mut b, layout, &even, slice);
+        }
         Collective::Send { peer } => direct::send(&mut b, peer, count, slice),
         Collective::Recv { peer } => direct::recv(&mut b, peer, count, slice),
         Collective::Barrier => barrier::dissemination(&mut b, layout),

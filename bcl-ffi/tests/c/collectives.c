@@ -1,5 +1,5 @@
 /* One rank of a multi-process run (BCL_RANK, BCL_WORLD_SIZE, BCL_UNIQUE_ID in the
- * environment): allreduce, allgather, reduce-scatter, broadcast, gather, scatter and a grouped
+ * environment): allreduce, allgather, reduce-scatter, broadcast, gather, scatter, alltoallv and a grouped
  * ring exchange, every value checked. Exit 0 and "rank R OK" on success. */
 #include <bcl.h>
 #include <stdio.h>
@@ -81,6 +81,29 @@ int main(void) {
   EXPECT(rank != 0 || blocks[0] == 0.0f, "in-place scatter kept the root's block\n");
   free(gathered);
   free(blocks);
+
+  /* All-to-all with per-pair counts: rank i sends (i + j) % 3 ints to rank j (some none). */
+  size_t scounts[64], rcounts[64];
+  size_t stotal = 0, rtotal = 0;
+  for (int j = 0; j < n; j++) {
+    scounts[j] = (size_t)((rank + j) % 3);
+    rcounts[j] = (size_t)((j + rank) % 3);
+    stotal += scounts[j];
+    rtotal += rcounts[j];
+  }
+  int* vs = malloc(sizeof(int) * (stotal + 1));
+  int* vr = malloc(sizeof(int) * (rtotal + 1));
+  for (size_t at = 0, j = 0; j < (size_t)n; j++)
+    for (size_t k = 0; k < scounts[j]; k++) vs[at++] = rank * 1000 + (int)j * 10 + (int)k;
+  CHECK(bclAllToAllv(vs, scounts, vr, rcounts, bclInt32, comm, NULL));
+  for (size_t at = 0, i = 0; i < (size_t)n; i++)
+    for (size_t k = 0; k < rcounts[i]; k++, at++)
+      EXPECT(vr[at] == (int)i * 1000 + rank * 10 + (int)k, "alltoallv from %zu [%zu] = %d\n", i, k,
+             vr[at]);
+  EXPECT(bclAllToAllv(vs, NULL, vr, rcounts, bclInt32, comm, NULL) == bclInvalidArgument,
+         "NULL sendcounts\n");
+  free(vs);
+  free(vr);
 
   /* Ring exchange in a group: everyone receives from the left before anyone's send would
    * otherwise be matched, which only completes because the group runs them together. */

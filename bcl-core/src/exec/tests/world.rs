@@ -400,7 +400,7 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
                 .map(|j| (j, input(j / count, j % count)))
                 .collect(),
             Collective::Broadcast { root } => (0..count).map(|i| (i, input(root, i))).collect(),
-            Collective::AllToAll => (0..n * count)
+            Collective::AllToAll | Collective::AllToAllV => (0..n * count)
                 .map(|j| (j, input(j / count, r * count + j % count)))
                 .collect(),
             Collective::Recv { peer } => (0..count).map(|i| (i, input(peer, i))).collect(),

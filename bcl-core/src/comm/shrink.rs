@@ -42,6 +42,10 @@ pub enum ShrinkMode {
 /// How long a rank waited on is left alone before it is asked whether it is there.
 const CHECK_AFTER: Duration = Duration::from_millis(100);
 
+/// How long a rank that finds a member gone out of the shrink waits for a proposal that
+/// explains why (a conflicting list) before it reports the member's reason.
+const ABANDON_GRACE: Duration = Duration::from_millis(200);
+
 /// Why an attempt ended without a communicator.
 enum Retry {
     /// The set grew (a rank found gone, or a larger proposal): agree again.
@@ -187,13 +191,28 @@ impl Communicator {
         match sent {
             Sent::Delivered => Ok(false),
             Sent::ExcludedMe(excluded) => Err(self.failure(Failure::Excluded { by: to, excluded })),
-            Sent::Abandoned(why) => Err(Error::Bootstrap {
-                rank: self.rank(),
-                reason: format!(
-                    "shrink: {} gave up on it: {why}",
-                    label_of(self.peers(), to as usize)
-                ),
-            }),
+            Sent::Abandoned(why) => {
+                // A member that gave up was most often excluded by a survivor passing another
+                // list; that survivor's proposal, which names both lists, is usually on its
+                // way here: let it explain (bounded), else report the member's reason.
+                let until = Instant::now() + ABANDON_GRACE;
+                loop {
+                    for p in self.shared.health.take_proposals() {
+                        agreement.receive(p).map_err(|f| self.failure(f))?;
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    self.shared.health.wait_mail(Duration::from_millis(5));
+                }
+                Err(Error::Bootstrap {
+                    rank: self.rank(),
+                    reason: format!(
+                        "shrink: {} gave up on it: {why}",
+                        label_of(self.peers(), to as usize)
+                    ),
+                })
+            }
             // It answers queries: try it again later.
             Sent::Failed(Liveness::Alive) => Ok(false),
             Sent::Failed(_) => {

@@ -288,6 +288,21 @@ bclResult_t bclAllToAllv(const void* sendbuff, const size_t* sendcounts, void* r
                          const size_t* recvcounts, bclDataType_t datatype, bclComm_t comm,
                          bclStream_t stream);
 
+/* bclAllGatherv: all-gather with a count per rank (MPI_Allgatherv without displacements):
+ * rank r contributes recvcounts[r] elements (this rank's sendbuff holds recvcounts[me]);
+ * recvbuff gets them all, packed in rank order. recvcounts holds nranks entries, the same on
+ * every rank, and must not be NULL. No in-place form. Host memory; host streams as above. */
+bclResult_t bclAllGatherv(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                          bclDataType_t datatype, bclComm_t comm, bclStream_t stream);
+
+/* bclReduceScatterv: reduce-scatter with a count per rank (MPI_Reduce_scatter): sendbuff
+ * holds a block for each rank packed in rank order (recvcounts[r] elements for rank r);
+ * recvbuff (recvcounts[me] elements) gets op over ranks of this rank's block. recvcounts
+ * holds nranks entries, the same on every rank, and must not be NULL. No in-place form. */
+bclResult_t bclReduceScatterv(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                              bclDataType_t datatype, bclRedOp_t op, bclComm_t comm,
+                              bclStream_t stream);
+
 /* bclGather: recvbuff on root [r*sendcount + i] = sendbuff of rank r [i]; recvbuff holds
  * nranks*sendcount elements, is written on the root only and may be NULL elsewhere. In place
  * when, on the root, sendbuff == recvbuff + root*sendcount (elements). Direct: each rank

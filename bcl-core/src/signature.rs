@@ -69,6 +69,8 @@ impl Signature {
             9 => Collective::Gather { root },
             10 => Collective::Scatter { root },
             11 => Collective::AllToAllV,
+            12 => Collective::AllGatherV,
+            13 => Collective::ReduceScatterV { op: op()? },
             _ => return None,
         };
         Some(Signature {
@@ -108,6 +110,8 @@ fn kind_code(c: &Collective) -> u8 {
         Collective::Gather { .. } => 9,
         Collective::Scatter { .. } => 10,
         Collective::AllToAllV => 11,
+        Collective::AllGatherV => 12,
+        Collective::ReduceScatterV { .. } => 13,
     }
 }
 
@@ -159,12 +163,14 @@ mod tests {
             out.push(Collective::AllReduce { op });
             out.push(Collective::ReduceScatter { op });
             out.push(Collective::Reduce { op, root: 3 });
+            out.push(Collective::ReduceScatterV { op });
         }
         out.extend([
             Collective::Broadcast { root: 2 },
             Collective::Gather { root: 1 },
             Collective::Scatter { root: 0 },
             Collective::AllToAllV,
+            Collective::AllGatherV,
             Collective::Send { peer: 1 },
             Collective::Recv { peer: 0 },
         ]);

@@ -292,11 +292,14 @@ fn schedules_are_sans_io() {
     assert!(checked >= 6, "expected the schedule files, found {checked}");
 }
 
-/// All-to-all with per-pair counts: every count matrix of small worlds drawn from a seed
+/// All-to-all with per-pair counts, all-gather and reduce-scatter (sum, average) with
+/// per-rank counts: every count matrix of small worlds drawn from a seed
 /// (empty blocks, uneven sizes), sliced finely and not, in any ring order and execution order.
 #[test]
-fn all_to_all_with_per_pair_counts() {
-    use bcl_core::schedule::checker::check_all_to_all_v;
+fn collectives_with_per_rank_counts() {
+    use bcl_core::schedule::checker::{
+        check_all_gather_v, check_all_to_all_v, check_reduce_scatter_v,
+    };
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
         state ^= state << 13;
@@ -311,10 +314,23 @@ fn all_to_all_with_per_pair_counts() {
                 .collect();
             let mut ring: Vec<usize> = (0..world).collect();
             ring.sort_by_key(|_| next());
+            let per_rank: Vec<usize> = (0..world).map(|_| (next() % 9) as usize).collect();
             for slice in [1usize, 3, 1000] {
                 let seed = next();
                 if let Err(e) = check_all_to_all_v(&sends, slice, Some(ring.clone()), seed) {
                     panic!("world {world} trial {trial} slice {slice} {sends:?}: {e}");
+                }
+                if let Err(e) = check_all_gather_v(&per_rank, slice, Some(ring.clone()), seed) {
+                    panic!("allgatherv world {world} slice {slice} {per_rank:?}: {e}");
+                }
+                for average in [false, true] {
+                    let r =
+                        check_reduce_scatter_v(&per_rank, average, slice, Some(ring.clone()), seed);
+                    if let Err(e) = r {
+                        panic!(
+                            "reducescatterv (avg {average}) world {world} slice {slice} {per_rank:?}: {e}"
+                        );
+                    }
                 }
             }
         }

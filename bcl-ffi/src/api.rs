@@ -964,61 +964,130 @@ pub unsafe extern "C" fn bclAllToAllv(
     comm: BclComm,
     stream: BclStream,
 ) -> BclResult {
-    // SAFETY: bcl.h's contract for bclAllToAllv.
-    call("bclAllToAllv", || unsafe {
-        all_to_all_v(
-            sendbuff, sendcounts, recvbuff, recvcounts, datatype, comm, stream,
-        )
+    call("bclAllToAllv", || {
+        let comm = registry::get(comm as usize)?;
+        // SAFETY: bcl.h: both count arrays hold nranks entries.
+        let counts = bcl_core::AllToAllCounts {
+            send: unsafe { count_array(&comm, sendcounts, "sendcounts")? },
+            recv: unsafe { count_array(&comm, recvcounts, "recvcounts")? },
+        };
+        let v = Collective::AllToAllV;
+        // SAFETY: bcl.h's contract for bclAllToAllv.
+        unsafe { v_call(&comm, v, counts, datatype, sendbuff, recvbuff, stream) }
     })
 }
 
 /// # Safety
-/// As `bclAllToAllv`: the count arrays hold nranks entries, the buffers their sums.
-unsafe fn all_to_all_v(
-    send: *const c_void,
-    sendcounts: *const usize,
-    recv: *mut c_void,
+/// See `bclAllGatherv` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclAllGatherv(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
     recvcounts: *const usize,
     datatype: c_int,
     comm: BclComm,
     stream: BclStream,
+) -> BclResult {
+    call("bclAllGatherv", || {
+        let comm = registry::get(comm as usize)?;
+        // SAFETY: bcl.h: the count array holds nranks entries.
+        let per_rank = unsafe { count_array(&comm, recvcounts, "recvcounts")? };
+        let counts = bcl_core::AllToAllCounts {
+            send: vec![per_rank[comm.rank()]; per_rank.len()],
+            recv: per_rank,
+        };
+        let v = Collective::AllGatherV;
+        // SAFETY: bcl.h's contract for bclAllGatherv.
+        unsafe { v_call(&comm, v, counts, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// # Safety
+/// See `bclReduceScatterv` in bcl.h.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclReduceScatterv(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcounts: *const usize,
+    datatype: c_int,
+    op: c_int,
+    comm: BclComm,
+    stream: BclStream,
+) -> BclResult {
+    call("bclReduceScatterv", || {
+        let comm = registry::get(comm as usize)?;
+        let op = red_op(op)?;
+        // SAFETY: bcl.h: the count array holds nranks entries.
+        let per_rank = unsafe { count_array(&comm, recvcounts, "recvcounts")? };
+        let counts = bcl_core::AllToAllCounts {
+            recv: vec![per_rank[comm.rank()]; per_rank.len()],
+            send: per_rank,
+        };
+        let v = Collective::ReduceScatterV { op };
+        // SAFETY: bcl.h's contract for bclReduceScatterv.
+        unsafe { v_call(&comm, v, counts, datatype, sendbuff, recvbuff, stream) }
+    })
+}
+
+/// The nranks counts at `ptr` (NULL: an error naming `what`).
+///
+/// # Safety
+/// `ptr` is NULL or valid for reads of nranks `size_t`s.
+unsafe fn count_array(
+    comm: &Communicator,
+    ptr: *const usize,
+    what: &str,
+) -> Result<Vec<usize>, Error> {
+    if ptr.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's contract (bcl.h: nranks entries).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, comm.world_size()) }.to_vec())
+}
+
+/// A collective with per-rank counts on caller memory: blocking, or queued on a host stream.
+///
+/// # Safety
+/// `send`/`recv` as bcl.h documents for the collective: valid for the bytes the counts give.
+unsafe fn v_call(
+    comm: &Communicator,
+    collective: Collective,
+    counts: bcl_core::AllToAllCounts,
+    datatype: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    stream: BclStream,
 ) -> Result<(), Error> {
     let dtype = data_type(datatype)?;
-    let comm = registry::get(comm as usize)?;
-    if takes_device_pointers(&comm) {
+    if takes_device_pointers(comm) {
         return Err(invalid(format!(
-            "rank {}: bclAllToAllv of GPU memory is not implemented yet; stage through host \
-             memory on a cpu communicator",
-            comm.rank()
+            "rank {}: {} of GPU memory is not implemented yet; stage through host memory on a \
+             cpu communicator",
+            comm.rank(),
+            collective.name()
         )));
     }
-    let n = comm.world_size();
-    let counts_of = |ptr: *const usize, what: &str| -> Result<Vec<usize>, Error> {
-        if ptr.is_null() {
-            return Err(invalid(format!("{what} is NULL")));
-        }
-        // SAFETY: bcl.h: a non-NULL count array holds nranks entries.
-        Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
-    };
-    let counts = bcl_core::AllToAllCounts {
-        send: counts_of(sendcounts, "sendcounts")?,
-        recv: counts_of(recvcounts, "recvcounts")?,
-    };
+    let me = comm.rank();
     let total = |c: &[usize], what: &str| -> Result<usize, Error> {
         c.iter()
             .try_fold(0usize, |a, &x| a.checked_add(x))
             .ok_or_else(|| invalid(format!("{what} overflow")))
             .and_then(|e| byte_len(e, dtype))
     };
-    let (in_bytes, out_bytes) = (
-        total(&counts.send, "sendcounts")?,
-        total(&counts.recv, "recvcounts")?,
-    );
+    let in_bytes = match collective {
+        Collective::AllGatherV => total(&counts.send[me..=me], "recvcounts")?,
+        _ => total(&counts.send, "sendcounts")?,
+    };
+    let out_bytes = match collective {
+        Collective::ReduceScatterV { .. } => total(&counts.recv[me..=me], "recvcounts")?,
+        _ => total(&counts.recv, "recvcounts")?,
+    };
     let (s, r) = (send as usize, recv as usize);
     if overlaps(s, in_bytes, r, out_bytes) {
-        return Err(invalid(
-            "bclAllToAllv: sendbuff and recvbuff overlap (it has no in-place form)".into(),
-        ));
+        return Err(invalid(format!(
+            "{}: sendbuff and recvbuff overlap (it has no in-place form)",
+            collective.name()
+        )));
     }
     if !stream.is_null() {
         let host = host_stream::stream(stream as usize)?;
@@ -1037,14 +1106,14 @@ unsafe fn all_to_all_v(
             after,
             done,
         };
-        host.push(comm.submit_host_v(counts, dtype, Box::new(memory))?);
+        host.push(comm.submit_host_v(collective, counts, dtype, Box::new(memory))?);
         return Ok(());
     }
     // SAFETY: bcl.h's contract for each buffer; they do not overlap (checked above).
     let input = unsafe { read_slice(send, in_bytes, "sendbuff")? };
     // SAFETY: as above.
     let output = unsafe { write_slice(recv, out_bytes, "recvbuff")? };
-    comm.run_host_v(counts, dtype, input, output)
+    comm.run_host_v(collective, counts, dtype, input, output)
 }
 
 /// # Safety

@@ -76,6 +76,8 @@ for name, args in {
     "bclReduceScatter": [_p, _p, _sz, _i, _i, _p, _p],
     "bclAllToAll": [_p, _p, _sz, _i, _p, _p],
     "bclAllToAllv": [_p, ctypes.POINTER(_sz), _p, ctypes.POINTER(_sz), _i, _p, _p],
+    "bclAllGatherv": [_p, _p, ctypes.POINTER(_sz), _i, _p, _p],
+    "bclReduceScatterv": [_p, _p, ctypes.POINTER(_sz), _i, _i, _p, _p],
     "bclGather": [_p, _p, _sz, _i, _i, _p, _p],
     "bclScatter": [_p, _p, _sz, _i, _i, _p, _p],
     "bclSend": [_p, _sz, _i, _i, _p, _p],

@@ -312,18 +312,23 @@ class ProcessGroupBCL(dist.ProcessGroup):
         inp = input.contiguous()
         n = inp.numel()
         if any(o.numel() != n for o in outs):
-            # Uneven: output p holds rank p's input, whatever its size.
+            # Uneven: output p holds rank p's input, whatever its size (bclAllGatherv).
             if outs[self._rank].numel() != n:
                 raise ValueError(f"bcl: all_gather: output {self._rank} holds "
                                  f"{outs[self._rank].numel()} elements, this rank's input {n}")
-            flats = [o.contiguous() for o in outs]
-            flats[self._rank].copy_(inp.view_as(flats[self._rank]))
-            others = [p for p in range(self._size) if p != self._rank]
-            self._group_p2p([(p, inp) for p in others], [(p, flats[p]) for p in others])
-            for o, f in zip(outs, flats):
-                if f.data_ptr() != o.data_ptr():
-                    o.copy_(f)
-            return _Done([outs])
+            counts = (ctypes.c_size_t * self._size)(*[o.numel() for o in outs])
+            staged = torch.empty(sum(o.numel() for o in outs), dtype=input.dtype)
+            dt = _dtype(input)
+
+            def back():
+                at = 0
+                for o in outs:
+                    o.copy_(staged[at:at + o.numel()].view_as(o))
+                    at += o.numel()
+
+            return self._queue(
+                lambda s: lib.bclAllGatherv(_ptr(inp), _ptr(staged), counts, dt, self._comm, s),
+                (inp, staged, counts, outs), back, [outs])
         for o in outs:
             _same(o, input, n, "all_gather")
         staged = torch.empty(self._size * n, dtype=input.dtype)
@@ -361,33 +366,19 @@ class ProcessGroupBCL(dist.ProcessGroup):
         return self.reduce_scatter_single(output, staged, opts)
 
     def _reduce_scatter_uneven(self, output, inputs, opts):
-        """Input p goes to rank p, whatever its size; each rank reduces what it receives."""
+        """Input p goes to rank p, whatever its size (bclReduceScatterv)."""
         _cpu(output, *inputs)
         me, n = self._rank, output.numel()
         if inputs[me].numel() != n:
             raise ValueError(f"bcl: reduce_scatter: input {me} holds {inputs[me].numel()} "
                              f"elements, this rank's output {n}")
-        code = _op(opts.reduceOp, output)
-        got = [torch.empty(n, dtype=output.dtype) for _ in range(self._size)]
-        others = [p for p in range(self._size) if p != me]
-        self._group_p2p([(p, inputs[p].contiguous().reshape(-1)) for p in others],
-                        [(p, got[p]) for p in others])
-        got[me] = inputs[me].reshape(-1)
-        # In rank order, as the sum of a ring would be written out.
-        acc = got[0].clone()
-        for t in got[1:]:
-            if code in (_lib.SUM, _lib.AVG):
-                acc.add_(t)
-            elif code == _lib.PROD:
-                acc.mul_(t)
-            elif code == _lib.MIN:
-                torch.minimum(acc, t, out=acc)
-            else:
-                torch.maximum(acc, t, out=acc)
-        if code == _lib.AVG:
-            acc = acc / self._size if acc.is_floating_point() else acc // self._size
-        output.copy_(acc.view_as(output))
-        return _Done([output])
+        counts = (ctypes.c_size_t * self._size)(*[i.numel() for i in inputs])
+        staged = torch.cat([i.reshape(-1) for i in inputs])
+        out, back = _flat(output)
+        dt, op = _dtype(output), _op(opts.reduceOp, output)
+        return self._queue(
+            lambda s: lib.bclReduceScatterv(_ptr(staged), _ptr(out), counts, dt, op, self._comm, s),
+            (staged, out, counts, output), back, [output])
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _cpu(output, input)
@@ -445,21 +436,6 @@ class ProcessGroupBCL(dist.ProcessGroup):
         n, dt = sizes_in[0], _dtype(inp)
         return self._queue(lambda s: lib.bclAllToAll(_ptr(inp), _ptr(staged), n, dt, self._comm, s),
                            (inp, staged, output_tensors), back, list(output_tensors))
-
-    def _group_p2p(self, sends, recvs):
-        """After the queued operations, one BCL group of sends and receives of contiguous
-        tensors ((peer, tensor) pairs; empty ones skipped), blocking until all are done."""
-        self._sync()
-        check(lib.bclGroupStart())
-        first = _lib.SUCCESS
-        for peer, t in sends:
-            if t.numel():
-                first = first or lib.bclSend(_ptr(t), t.numel(), _dtype(t), peer, self._comm, None)
-        for peer, t in recvs:
-            if t.numel():
-                first = first or lib.bclRecv(_ptr(t), t.numel(), _dtype(t), peer, self._comm, None)
-        end = lib.bclGroupEnd()
-        check(first or end)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()

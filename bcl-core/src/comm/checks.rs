@@ -70,20 +70,27 @@ impl Communicator {
     /// block the same size both ways; returns the bytes of the packed send and receive
     /// buffers. (That rank j's `recv[me]` equals this rank's `send[j]` only rank j can tell:
     /// a difference fails there as a size mismatch naming this rank.)
-    pub(super) fn check_call_v(&self, counts: &AllToAllCounts, dtype: DataType) -> Result<Needs> {
+    pub(super) fn check_call_v(
+        &self,
+        collective: Collective,
+        counts: &AllToAllCounts,
+        dtype: DataType,
+    ) -> Result<Needs> {
+        let what = collective.name();
         self.check_usable()?;
         let (rank, world) = (self.rank(), self.world_size());
-        for (what, c) in [("send", &counts.send), ("receive", &counts.recv)] {
+        for (side, c) in [("send", &counts.send), ("receive", &counts.recv)] {
             if c.len() != world {
                 return Err(Error::InvalidArgument(format!(
-                    "alltoallv: {} {what} counts for a communicator of {world} ranks",
+                    "{}: {} {side} counts for a communicator of {world} ranks",
+                    collective.name(),
                     c.len()
                 )));
             }
         }
         if counts.send[rank] != counts.recv[rank] {
             return Err(Error::InvalidArgument(format!(
-                "alltoallv: rank {rank} sends itself {} elements but receives {} from itself",
+                "{what}: rank {rank} sends itself {} elements but receives {} from itself",
                 counts.send[rank], counts.recv[rank]
             )));
         }
@@ -93,10 +100,19 @@ impl Communicator {
                 .and_then(|e| e.checked_mul(dtype.size()))
                 .filter(|b| *b <= isize::MAX as usize)
                 .ok_or_else(|| {
-                    Error::InvalidArgument(format!("alltoallv: counts {c:?} of {dtype} overflow"))
+                    Error::InvalidArgument(format!("{what}: counts {c:?} of {dtype} overflow"))
                 })
         };
-        Ok((Some(bytes(&counts.send)?), Some(bytes(&counts.recv)?)))
+        // An all-gather sends one block (to everyone), a reduce-scatter receives one.
+        let input = match collective {
+            Collective::AllGatherV => &counts.send[rank..=rank],
+            _ => &counts.send[..],
+        };
+        let output = match collective {
+            Collective::ReduceScatterV { .. } => &counts.recv[rank..=rank],
+            _ => &counts.recv[..],
+        };
+        Ok((Some(bytes(input)?), Some(bytes(output)?)))
     }
 
     /// Check a call's parameters against this communicator (usable, root or peer in range);

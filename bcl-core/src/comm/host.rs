@@ -236,18 +236,73 @@ impl Communicator {
             send: send_counts.to_vec(),
             recv: recv_counts.to_vec(),
         };
-        self.run_host_v(counts, T::DATA_TYPE, bytes(send), bytes_mut(recv))
+        self.run_host_v(
+            Collective::AllToAllV,
+            counts,
+            T::DATA_TYPE,
+            bytes(send),
+            bytes_mut(recv),
+        )
     }
 
-    /// The untyped [`Communicator::all_to_all_v`] (and the C ABI's `bclAllToAllv`).
+    /// All-gather with a count per rank: rank r contributes `counts[r]` elements (this
+    /// rank's `send` is `counts[me]` long); `recv` gets them all, packed in rank order.
+    pub fn all_gather_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> Result<()> {
+        let mine = counts.get(self.rank()).copied().unwrap_or(0);
+        let counts = AllToAllCounts {
+            send: vec![mine; counts.len()],
+            recv: counts.to_vec(),
+        };
+        self.run_host_v(
+            Collective::AllGatherV,
+            counts,
+            T::DATA_TYPE,
+            bytes(send),
+            bytes_mut(recv),
+        )
+    }
+
+    /// Reduce-scatter with a count per rank: `send` holds a block for each rank, packed in
+    /// rank order (`counts[r]` elements for rank r); `recv` (`counts[me]` long) gets the
+    /// reduction over ranks of this rank's block.
+    pub fn reduce_scatter_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let mine = counts.get(self.rank()).copied().unwrap_or(0);
+        let counts = AllToAllCounts {
+            send: counts.to_vec(),
+            recv: vec![mine; counts.len()],
+        };
+        self.run_host_v(
+            Collective::ReduceScatterV { op },
+            counts,
+            T::DATA_TYPE,
+            bytes(send),
+            bytes_mut(recv),
+        )
+    }
+
+    /// The untyped collectives with per-rank counts ([`Communicator::all_to_all_v`],
+    /// [`Communicator::all_gather_v`], [`Communicator::reduce_scatter_v`], and the C ABI's
+    /// `bclAllToAllv`, `bclAllGatherv`, `bclReduceScatterv`).
     pub fn run_host_v(
         &self,
+        collective: Collective,
         counts: AllToAllCounts,
         dtype: DataType,
         input: &[u8],
         output: &mut [u8],
     ) -> Result<()> {
-        let need = self.check_call_v(&counts, dtype)?;
+        let need = self.check_call_v(collective, &counts, dtype)?;
         check_len("send buffer", Some(input.len()), need.0, Fit::Exact)?;
         check_len("receive buffer", Some(output.len()), need.1, Fit::Exact)?;
         self.wait_for_queued_work();
@@ -257,8 +312,8 @@ impl Communicator {
             scratch: None,
         };
         let call = Call {
-            collective: Collective::AllToAllV,
-            count: counts.send.iter().sum(),
+            collective,
+            count: need.0.unwrap_or(0) / dtype.size(),
             dtype,
             on_device: false,
             counts: Some(Arc::new(counts)),

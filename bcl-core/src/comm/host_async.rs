@@ -43,22 +43,23 @@ impl Communicator {
         self.queue_host(call, memory)
     }
 
-    /// [`Communicator::submit_host`] for an all-to-all with per-pair counts
-    /// ([`Communicator::all_to_all_v`]): `memory` gives the packed send and receive buffers.
+    /// [`Communicator::submit_host`] for a collective with per-rank counts
+    /// ([`Communicator::run_host_v`]): `memory` gives the packed send and receive buffers.
     pub fn submit_host_v(
         &self,
+        collective: Collective,
         counts: AllToAllCounts,
         dtype: DataType,
         mut memory: Box<dyn HostStaged>,
     ) -> Result<Work> {
         let (input, output) = memory.buffers();
         let (input, output) = (input.map(<[u8]>::len), output.map(|o| o.len()));
-        let need = self.check_call_v(&counts, dtype)?;
+        let need = self.check_call_v(collective, &counts, dtype)?;
         check_len("send buffer", input.or(Some(0)), need.0, Fit::Exact)?;
         check_len("receive buffer", output.or(Some(0)), need.1, Fit::Exact)?;
         let call = Call {
-            collective: Collective::AllToAllV,
-            count: counts.send.iter().sum(),
+            collective,
+            count: need.0.unwrap_or(0) / dtype.size(),
             dtype,
             on_device: false,
             counts: Some(Arc::new(counts)),

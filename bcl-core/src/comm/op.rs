@@ -211,7 +211,12 @@ fn begin<'e>(
         (shared.config.algorithm).unwrap_or_else(|| select(call.collective, bytes, shared.fabric));
     let slice_elems = (shared.config.slice_bytes / call.dtype.size()).max(1);
     if let Some(counts) = &call.counts {
-        let plan = plans.one_off(build_plan_v(&shared.layout, counts, slice_elems));
+        let plan = plans.one_off(build_plan_v(
+            call.collective,
+            &shared.layout,
+            counts,
+            slice_elems,
+        ));
         return Begun {
             signature,
             algorithm,

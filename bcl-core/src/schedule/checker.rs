@@ -183,19 +183,116 @@ pub fn check_all_to_all_v(
     ring: Option<Vec<usize>>,
     seed: u64,
 ) -> Result<(), String> {
-    use super::{AllToAllCounts, build_plan_v};
+    use super::AllToAllCounts;
     let n = sends.len();
-    let ring = ring.unwrap_or_else(|| (0..n).collect());
     let counts = |r: usize| AllToAllCounts {
         send: sends[r].clone(),
         recv: (0..n).map(|q| sends[q][r]).collect(),
     };
+    let ranks = run_v(Collective::AllToAllV, n, &counts, slice_elems, ring, seed)?;
+    for (r, st) in ranks.iter().enumerate() {
+        let c = counts(r);
+        let received_at = AllToAllCounts::offsets(&c.recv);
+        for (q, (&at, &len)) in received_at.iter().zip(&c.recv).enumerate() {
+            let their_at = AllToAllCounts::offsets(&sends[q])[r];
+            for i in 0..len {
+                expect_cell(r, st, at + i, &[(q as u16, (their_at + i) as u32)], 0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prove [`Collective::AllGatherV`] where rank `r` contributes `counts[r]` elements: every
+/// rank's output holds every rank's block, packed in rank order.
+pub fn check_all_gather_v(
+    counts: &[usize],
+    slice_elems: usize,
+    ring: Option<Vec<usize>>,
+    seed: u64,
+) -> Result<(), String> {
+    use super::AllToAllCounts;
+    let n = counts.len();
+    let of = |r: usize| AllToAllCounts {
+        send: vec![counts[r]; n],
+        recv: counts.to_vec(),
+    };
+    let ranks = run_v(Collective::AllGatherV, n, &of, slice_elems, ring, seed)?;
+    let at = AllToAllCounts::offsets(counts);
+    for (r, st) in ranks.iter().enumerate() {
+        for (q, (&start, &len)) in at.iter().zip(counts).enumerate() {
+            for i in 0..len {
+                expect_cell(r, st, start + i, &[(q as u16, i as u32)], 0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prove [`Collective::ReduceScatterV`] (sum, or average where `average`) where rank `r`
+/// receives `counts[r]` elements: its output element `i` holds every rank's input element
+/// `offset(r) + i`, each once (divided once for an average).
+pub fn check_reduce_scatter_v(
+    counts: &[usize],
+    average: bool,
+    slice_elems: usize,
+    ring: Option<Vec<usize>>,
+    seed: u64,
+) -> Result<(), String> {
+    use super::AllToAllCounts;
+    use bcl_backends::ReduceOp;
+    let n = counts.len();
+    let of = |r: usize| AllToAllCounts {
+        send: counts.to_vec(),
+        recv: vec![counts[r]; n],
+    };
+    let op = if average {
+        ReduceOp::Avg
+    } else {
+        ReduceOp::Sum
+    };
+    let ranks = run_v(
+        Collective::ReduceScatterV { op },
+        n,
+        &of,
+        slice_elems,
+        ring,
+        seed,
+    )?;
+    let at = AllToAllCounts::offsets(counts);
+    for (r, st) in ranks.iter().enumerate() {
+        for i in 0..counts[r] {
+            let all: Vec<Contribution> = (0..n).map(|q| (q as u16, (at[r] + i) as u32)).collect();
+            expect_cell(r, st, i, &all, u8::from(average))?;
+        }
+    }
+    Ok(())
+}
+
+/// Build and run the plans of a collective with per-rank counts (`counts(r)` for rank r;
+/// its input holds `counts(r).send`'s total, except for an all-gather's single block).
+fn run_v(
+    collective: Collective,
+    n: usize,
+    counts: &dyn Fn(usize) -> super::AllToAllCounts,
+    slice_elems: usize,
+    ring: Option<Vec<usize>>,
+    seed: u64,
+) -> Result<Vec<RankState>, String> {
+    let ring = ring.unwrap_or_else(|| (0..n).collect());
     let mut ranks = Vec::new();
-    for (r, row) in sends.iter().enumerate() {
+    for r in 0..n {
         let layout = Layout::new(r, ring.clone())?;
-        let plan = build_plan_v(&layout, &counts(r), slice_elems);
-        let sent: usize = row.iter().sum();
-        let received: usize = (0..n).map(|q| sends[q][r]).sum();
+        let c = counts(r);
+        let plan = super::build_plan_v(collective, &layout, &c, slice_elems);
+        let sent: usize = match collective {
+            Collective::AllGatherV => c.send.get(r).copied().unwrap_or(0),
+            _ => c.send.iter().sum(),
+        };
+        let received: usize = match collective {
+            Collective::ReduceScatterV { .. } => c.recv.get(r).copied().unwrap_or(0),
+            _ => c.recv.iter().sum(),
+        };
         let mut buffers = HashMap::new();
         let input = (0..sent)
             .map(|i| {
@@ -217,23 +314,32 @@ pub fn check_all_to_all_v(
         });
     }
     simulate(n, seed, &mut ranks)?;
-    for (r, st) in ranks.iter().enumerate() {
-        let c = counts(r);
-        let received_at = AllToAllCounts::offsets(&c.recv);
-        let out = st.buffers.get(&BufferId::Output);
-        for (q, (&at, &len)) in received_at.iter().zip(&c.recv).enumerate() {
-            let their_at = AllToAllCounts::offsets(&sends[q])[r];
-            for i in 0..len {
-                let got = out.and_then(|o| o.get(at + i)).cloned().flatten();
-                let want = (q as u16, (their_at + i) as u32);
-                if got.as_ref().map(|g| g.parts.as_slice()) != Some(&[want][..]) {
-                    return Err(format!(
-                        "rank {r} output[{}] holds {got:?}, expected {want:?}",
-                        at + i
-                    ));
-                }
-            }
-        }
+    Ok(ranks)
+}
+
+/// Output element `j` of rank `r` holds exactly `want` (in any order), divided `divided`×.
+fn expect_cell(
+    r: usize,
+    st: &RankState,
+    j: usize,
+    want: &[Contribution],
+    divided: u8,
+) -> Result<(), String> {
+    let got = st
+        .buffers
+        .get(&BufferId::Output)
+        .and_then(|o| o.get(j))
+        .cloned()
+        .flatten()
+        .ok_or_else(|| format!("rank {r} output[{j}] was never written"))?;
+    let (mut parts, mut want) = (got.parts.clone(), want.to_vec());
+    parts.sort_unstable();
+    want.sort_unstable();
+    if parts != want || got.divided != divided {
+        return Err(format!(
+            "rank {r} output[{j}] holds {parts:?} divided {}×, expected {want:?} divided {divided}×",
+            got.divided
+        ));
     }
     Ok(())
 }
@@ -400,14 +506,14 @@ fn verify_outputs(case: &Case, ranks: &[RankState]) -> Result<(), String> {
             Collective::AllReduce { .. } => {
                 (0..count).map(|i| (i, all(i), u8::from(average))).collect()
             }
-            Collective::AllGather => (0..n * count)
+            Collective::AllGather | Collective::AllGatherV => (0..n * count)
                 .map(|j| {
                     let (b, i) = (j / count.max(1), j % count.max(1));
                     let src = if case.in_place { j } else { i };
                     (j, vec![(b as u16, src as u32)], 0)
                 })
                 .collect(),
-            Collective::ReduceScatter { .. } => (0..count)
+            Collective::ReduceScatter { .. } | Collective::ReduceScatterV { .. } => (0..count)
                 .map(|i| {
                     let home = if case.in_place { r * count + i } else { i };
                     (home, all(r * count + i), u8::from(average))

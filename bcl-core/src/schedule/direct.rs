@@ -4,7 +4,7 @@
 use super::plan::BufferId::{self, Input, Output, Scratch};
 use super::plan::{Action, PlanBuilder, Region};
 use super::ring::part;
-use super::{AllToAllCounts, Layout, copy_sliced};
+use super::{AllToAllCounts, Layout, Reduction, copy_sliced};
 
 fn each_slice(count: usize, slice: usize, mut f: impl FnMut(u32, usize, usize)) {
     let s_count = count.div_ceil(slice).max(1);
@@ -161,6 +161,66 @@ pub(crate) fn all_to_all_v(
         let from = (rank + n - d) % n;
         send_block(b, to, Input, sent_at[to], counts.send[to], slice);
         recv_block(b, from, received_at[from], counts.recv[from], slice);
+    }
+}
+
+/// All-gather with a count per rank (`counts[r]` from rank r, packed in rank order in the
+/// output): this rank's input goes straight to every peer, each peer's block straight into
+/// its place. Direct rather than a ring: blocks of different sizes would leave a ring's
+/// steps as slow as the largest block, and torch calls it for small, ragged blocks.
+pub(crate) fn all_gather_v(b: &mut PlanBuilder, layout: &Layout, counts: &[usize], slice: usize) {
+    let (n, rank) = (layout.world(), layout.rank());
+    let at = AllToAllCounts::offsets(counts);
+    copy_sliced(
+        b,
+        Region::new(Input, 0, counts[rank]),
+        Output,
+        at[rank],
+        slice,
+    );
+    for d in 1..n {
+        let to = (rank + d) % n;
+        let from = (rank + n - d) % n;
+        send_block(b, to, Input, 0, counts[rank], slice);
+        recv_block(b, from, at[from], counts[from], slice);
+    }
+}
+
+/// Reduce-scatter with a count per rank: block p of the packed input (`counts[p]`
+/// elements) goes straight to rank p, which seeds its output with its own block and reduces
+/// the others' into it as they come (one at a time per slice: the plan orders accesses to a
+/// region), then divides once for an average.
+pub(crate) fn reduce_scatter_v(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    counts: &[usize],
+    reduction: Reduction,
+    slice: usize,
+) {
+    let (n, rank) = (layout.world(), layout.rank());
+    let at = AllToAllCounts::offsets(counts);
+    let mine = counts[rank];
+    copy_sliced(b, Region::new(Input, at[rank], mine), Output, 0, slice);
+    for d in 1..n {
+        let to = (rank + d) % n;
+        let from = (rank + n - d) % n;
+        send_block(b, to, Input, at[to], counts[to], slice);
+        each_slice(mine, slice, |tag, o, l| {
+            b.push(Action::Recv {
+                peer: from,
+                tag,
+                into: Region::new(Output, o, l),
+                reduce: true,
+                seed: None,
+            });
+        });
+    }
+    if reduction.average {
+        each_slice(mine, slice, |_, o, l| {
+            b.push(Action::Divide {
+                region: Region::new(Output, o, l),
+            });
+        });
     }
 }
 

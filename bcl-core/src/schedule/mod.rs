@@ -59,6 +59,14 @@ pub enum Collective {
     /// the counts travel beside the collective ([`AllToAllCounts`], [`build_plan_v`]). Planned
     /// without them (`count` per peer), it is the all-to-all.
     AllToAllV,
+    /// All-gather with a count per rank (MPI_Allgatherv, torch's uneven `all_gather`): rank r
+    /// contributes `recv[r]` elements of the counts beside it, every rank gets them packed.
+    AllGatherV,
+    /// Reduce-scatter with a count per rank (MPI_Reduce_scatter, torch's uneven
+    /// `reduce_scatter`): block r of the packed input, `send[r]` elements, is reduced to rank r.
+    ReduceScatterV {
+        op: ReduceOp,
+    },
 }
 
 /// The counts of one rank's [`Collective::AllToAllV`]: elements it sends to each rank and
@@ -84,10 +92,24 @@ impl AllToAllCounts {
     }
 }
 
-/// The plan of one rank's [`Collective::AllToAllV`] with `counts`.
-pub fn build_plan_v(layout: &Layout, counts: &AllToAllCounts, slice_elems: usize) -> Plan {
+/// The plan of one rank's collective with per-rank counts: [`Collective::AllGatherV`] (its
+/// blocks `counts.recv`), [`Collective::ReduceScatterV`] (its blocks `counts.send`), and
+/// every other collective as [`Collective::AllToAllV`] with `counts`.
+pub fn build_plan_v(
+    collective: Collective,
+    layout: &Layout,
+    counts: &AllToAllCounts,
+    slice_elems: usize,
+) -> Plan {
     let mut b = PlanBuilder::new();
-    direct::all_to_all_v(&mut b, layout, counts, slice_elems.max(1));
+    let slice = slice_elems.max(1);
+    match collective {
+        Collective::AllGatherV => direct::all_gather_v(&mut b, layout, &counts.recv, slice),
+        Collective::ReduceScatterV { op } => {
+            direct::reduce_scatter_v(&mut b, layout, &counts.send, reduction(op), slice)
+        }
+        _ => direct::all_to_all_v(&mut b, layout, counts, slice),
+    }
     b.finish()
 }
 
@@ -106,6 +128,8 @@ impl Collective {
             Collective::Gather { .. } => "gather",
             Collective::Scatter { .. } => "scatter",
             Collective::AllToAllV => "alltoallv",
+            Collective::AllGatherV => "allgatherv",
+            Collective::ReduceScatterV { .. } => "reducescatterv",
         }
     }
 
@@ -119,6 +143,7 @@ impl Collective {
         match self {
             Collective::AllReduce { op }
             | Collective::ReduceScatter { op }
+            | Collective::ReduceScatterV { op }
             | Collective::Reduce { op, .. } => Some(*op),
             _ => None,
         }
@@ -156,6 +181,8 @@ impl Collective {
                 (Some(count), if rank == *root { Some(count) } else { None })
             }
             Collective::AllToAll | Collective::AllToAllV => (Some(all), Some(all)),
+            Collective::AllGatherV => (Some(count), Some(all)),
+            Collective::ReduceScatterV { .. } => (Some(all), Some(count)),
             Collective::Send { .. } => (Some(count), None),
             Collective::Recv { .. } => (None, Some(count)),
             Collective::Barrier => (None, None),
@@ -427,6 +454,10 @@ pub fn build_plan(
                 recv: vec![count; n],
             };
             direct::all_to_all_v(&mut b, layout, &even, slice);
+        }
+        Collective::AllGatherV => direct::all_gather_v(&mut b, layout, &vec![count; n], slice),
+        Collective::ReduceScatterV { op } => {
+            direct::reduce_scatter_v(&mut b, layout, &vec![count; n], reduction(op), slice)
         }
         Collective::Send { peer } => direct::send(&mut b, peer, count, slice),
         Collective::Recv { peer } => direct::recv(&mut b, peer, count, slice),

@@ -1,5 +1,5 @@
 /* One rank of a multi-process run (BCL_RANK, BCL_WORLD_SIZE, BCL_UNIQUE_ID in the
- * environment): allreduce, allgather, reduce-scatter, broadcast, gather, scatter, alltoallv and a grouped
+ * environment): allreduce, allgather, reduce-scatter, broadcast, gather, scatter, alltoallv, allgatherv, reducescatterv and a grouped
  * ring exchange, every value checked. Exit 0 and "rank R OK" on success. */
 #include <bcl.h>
 #include <stdio.h>
@@ -102,6 +102,26 @@ int main(void) {
              vr[at]);
   EXPECT(bclAllToAllv(vs, NULL, vr, rcounts, bclInt32, comm, NULL) == bclInvalidArgument,
          "NULL sendcounts\n");
+  /* All-gather and reduce-scatter with rank r's block of r % 3 elements. */
+  size_t vblocks[64], btotal = 0;
+  for (int r = 0; r < n; r++) btotal += (vblocks[r] = (size_t)(r % 3));
+  double mineg[3] = {rank + 0.5, rank + 0.25, rank + 0.125};
+  double* ag = malloc(sizeof(double) * (btotal + 1));
+  CHECK(bclAllGatherv(mineg, ag, vblocks, bclFloat64, comm, NULL));
+  for (size_t at = 0, r = 0; r < (size_t)n; r++)
+    for (size_t k = 0; k < vblocks[r]; k++, at++)
+      EXPECT(ag[at] == mineg[k] - rank + (double)r, "allgatherv from %zu [%zu] = %f\n", r, k, ag[at]);
+  double* rsin = malloc(sizeof(double) * (btotal + 1));
+  for (size_t at = 0, r = 0; r < (size_t)n; r++)
+    for (size_t k = 0; k < vblocks[r]; k++) rsin[at++] = (double)(rank + 10 * (int)k);
+  double rsout[3] = {-1, -1, -1};
+  CHECK(bclReduceScatterv(rsin, rsout, vblocks, bclFloat64, bclSum, comm, NULL));
+  for (size_t k = 0; k < vblocks[rank]; k++) {
+    double want = n * (n - 1) / 2.0 + n * 10.0 * (double)k;
+    EXPECT(rsout[k] == want, "reducescatterv [%zu] = %f, want %f\n", k, rsout[k], want);
+  }
+  free(ag);
+  free(rsin);
   free(vs);
   free(vr);
 

@@ -387,7 +387,7 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
             Collective::AllReduce { op } => (0..count)
                 .map(|i| Ok((i, reduced(i, op)?)))
                 .collect::<Result<_, String>>()?,
-            Collective::ReduceScatter { op } => {
+            Collective::ReduceScatter { op } | Collective::ReduceScatterV { op } => {
                 let home = if case.in_place { r * count } else { 0 };
                 (0..count)
                     .map(|j| Ok((home + j, reduced(r * count + j, op)?)))
@@ -396,7 +396,7 @@ pub fn verify(case: &Case, start: &[Vec<u8>], outputs: &[Vec<u8>]) -> Result<(),
             Collective::Reduce { op, root } if root == r => (0..count)
                 .map(|i| Ok((i, reduced(i, op)?)))
                 .collect::<Result<_, String>>()?,
-            Collective::AllGather => (0..n * count)
+            Collective::AllGather | Collective::AllGatherV => (0..n * count)
                 .map(|j| (j, input(j / count, j % count)))
                 .collect(),
             Collective::Broadcast { root } => (0..count).map(|i| (i, input(root, i))).collect(),

@@ -1,10 +1,11 @@
-//! All-to-all with a count per pair (`Communicator::all_to_all_v`, `bclAllToAllv`, torch's
-//! uneven `all_to_all_single`) on real transports and devices: every element checked against
-//! the closed form, on the blocking path and queued (`submit_host_v`), including empty
-//! blocks; counts that disagree between two ranks are a size mismatch, not a hang; bad
-//! counts are refused before anything is sent.
+//! Collectives with uneven counts on real transports and devices: all-to-all with a count per
+//! pair (`Communicator::all_to_all_v`, `bclAllToAllv`, torch's uneven `all_to_all_single`),
+//! all-gather and reduce-scatter with a count per rank (`all_gather_v`, `reduce_scatter_v`):
+//! every element checked against the closed form, on the blocking path and queued
+//! (`submit_host_v`), including empty blocks; counts that disagree between two ranks are a
+//! size mismatch, not a hang; bad counts are refused before anything is sent.
 
-use bcl_core::{AllToAllCounts, Communicator, DataType, Error};
+use bcl_core::{AllToAllCounts, Collective, Communicator, DataType, Error, ReduceOp};
 use bcl_tests::{Setup, test_config};
 
 /// Elements rank `i` sends to rank `j` (some blocks empty, sizes uneven).
@@ -68,10 +69,59 @@ fn owned_v(
         }
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    let work = comm.submit_host_v(counts, DataType::Int64, Box::new(Buffers(send, recv, tx)))?;
+    let work = comm.submit_host_v(
+        Collective::AllToAllV,
+        counts,
+        DataType::Int64,
+        Box::new(Buffers(send, recv, tx)),
+    )?;
     work.wait()?;
     rx.recv()
         .map_err(|_| Error::Internal("the queued buffers never came back".into()))
+}
+
+/// All-gather and reduce-scatter with rank r's block of `(r * 3) % 4` elements (rank 0 and
+/// every fourth: none).
+fn per_rank(comm: &Communicator) -> Result<(), String> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let block = |r: usize| (r * 3) % 4;
+    let counts: Vec<usize> = (0..n).map(block).collect();
+    let mine: Vec<i64> = (0..block(me)).map(|k| value(me, 0, k)).collect();
+    let mut all = vec![-1i64; counts.iter().sum()];
+    comm.all_gather_v(&mine, &mut all, &counts)
+        .map_err(|e| e.to_string())?;
+    let want: Vec<i64> = (0..n)
+        .flat_map(|r| (0..block(r)).map(move |k| value(r, 0, k)))
+        .collect();
+    if all != want {
+        return Err(format!("allgatherv rank {me}: {all:?}, want {want:?}"));
+    }
+    // Reduce-scatter: rank q's element k of the block for rank r is q + r + k.
+    let send: Vec<i64> = (0..n)
+        .flat_map(|r| (0..block(r)).map(move |k| (me + r + k) as i64))
+        .collect();
+    for (op, fold) in [
+        (ReduceOp::Sum, (|a, b| a + b) as fn(i64, i64) -> i64),
+        (ReduceOp::Max, |a: i64, b: i64| a.max(b)),
+    ] {
+        let mut got = vec![-1i64; block(me)];
+        comm.reduce_scatter_v(&send, &mut got, &counts, op)
+            .map_err(|e| e.to_string())?;
+        let want: Vec<i64> = (0..block(me))
+            .map(|k| {
+                (0..n)
+                    .map(|q| (q + me + k) as i64)
+                    .reduce(fold)
+                    .unwrap_or_default()
+            })
+            .collect();
+        if got != want {
+            return Err(format!(
+                "reducescatterv {op:?} rank {me}: {got:?}, want {want:?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn on(setup: Setup, world: usize) {
@@ -86,6 +136,9 @@ fn on(setup: Setup, world: usize) {
                         if let Err(e) = run(c, queued) {
                             out.push(format!("queued {queued}: {e}"));
                         }
+                    }
+                    if let Err(e) = per_rank(c) {
+                        out.push(e);
                     }
                     out
                 })

@@ -566,22 +566,8 @@ fn verify_outputs(case: &Case, ranks: &[RankState]) -> Result<(), String> {
                 Vec::new()
             }
         };
-        let out = st.buffers.get(&BufferId::Output);
-        for (j, mut want, divided) in expected {
-            let got = out
-                .and_then(|o| o.get(j))
-                .cloned()
-                .flatten()
-                .ok_or_else(|| format!("rank {r} output[{j}] was never written"))?;
-            let mut parts = got.parts.clone();
-            parts.sort_unstable();
-            want.sort_unstable();
-            if parts != want || got.divided != divided {
-                return Err(format!(
-                    "rank {r} output[{j}] holds {parts:?} divided {}×, expected {want:?} divided {divided}×",
-                    got.divided
-                ));
-            }
+        for (j, want, divided) in expected {
+            expect_cell(r, st, j, &want, divided)?;
         }
     }
     Ok(())

@@ -99,6 +99,12 @@ impl Agreement {
         self.excluded.iter().copied().collect()
     }
 
+    /// Whether `p` is one this rank already had (a member sending it again because it still
+    /// waits for this rank's proposal).
+    pub fn already_had(&self, p: &Proposal) -> bool {
+        self.latest.get(&p.from).is_some_and(|old| old.seq >= p.seq)
+    }
+
     /// Take a proposal. `Ok(true)`: this rank's set grew (send the new proposal).
     pub fn receive(&mut self, p: Proposal) -> Result<bool, Failure> {
         if p.from >= self.world || p.from == self.me {

@@ -46,6 +46,27 @@ const CHECK_AFTER: Duration = Duration::from_millis(100);
 /// explains why (a conflicting list) before it reports the member's reason.
 const ABANDON_GRACE: Duration = Duration::from_millis(200);
 
+/// When this rank last answered each member's repeated proposal (see
+/// `Communicator::take_proposals`).
+#[derive(Default)]
+struct Answers(BTreeMap<u32, Instant>);
+
+impl Answers {
+    /// Whether `rank` may be answered now (and note that it is).
+    fn due(&mut self, rank: u32) -> bool {
+        let now = Instant::now();
+        if self
+            .0
+            .get(&rank)
+            .is_some_and(|t| now.duration_since(*t) < CHECK_AFTER)
+        {
+            return false;
+        }
+        self.0.insert(rank, now);
+        true
+    }
+}
+
 /// Why an attempt ended without a communicator.
 enum Retry {
     /// The set grew (a rank found gone, or a larger proposal): agree again.
@@ -100,10 +121,13 @@ impl Communicator {
             agree_mode,
         );
         shared.health.set_excluded(agreement.excluded());
+        let mut answers = Answers::default();
         loop {
             let outcome = self
-                .decide(&mut agreement, deadline)
-                .and_then(|members| self.build(&mut agreement, &members, n, started, deadline));
+                .decide(&mut agreement, &mut answers, deadline)
+                .and_then(|members| {
+                    self.build(&mut agreement, &mut answers, &members, n, started, deadline)
+                });
             match outcome {
                 Ok(comm) => return Ok(comm),
                 Err(Retry::Again) => continue,
@@ -223,6 +247,28 @@ impl Communicator {
         }
     }
 
+    /// Take the proposals that arrived: `Ok(true)` when this rank's set grew. A member that
+    /// sends one this rank already had is waiting for this rank's proposal (only waiting
+    /// ranks send again, and what they send is their own): its delivery may have failed while
+    /// the member answered (seen under load in CI, with two deaths at once), so answer it,
+    /// at most once per member every `CHECK_AFTER`. In union mode the answer is always news
+    /// to the waiter (a set it lacked would have grown its own), so answers do not bounce.
+    fn take_proposals(&self, agreement: &mut Agreement, answers: &mut Answers) -> Result<bool> {
+        let mut grew = false;
+        for p in self.shared.health.take_proposals() {
+            let (from, again) = (p.from, agreement.already_had(&p));
+            grew |= agreement.receive(p).map_err(|f| self.failure(f))?;
+            if again && !grew && agreement.members_but_me().contains(&from) && answers.due(from) {
+                let sent = self
+                    .shared
+                    .health
+                    .propose(from as usize, &agreement.proposal());
+                grew |= self.delivered(agreement, from, sent)?;
+            }
+        }
+        Ok(grew)
+    }
+
     /// Send this rank's proposal to every member; ranks found gone join the set (and the
     /// proposal is sent again).
     fn propose(&self, agreement: &mut Agreement) -> Result<()> {
@@ -240,15 +286,17 @@ impl Communicator {
     }
 
     /// Run the agreement to its decision: the members (old ranks) of the new communicator.
-    fn decide(&self, agreement: &mut Agreement, deadline: Instant) -> Result<Vec<u32>, Retry> {
+    fn decide(
+        &self,
+        agreement: &mut Agreement,
+        answers: &mut Answers,
+        deadline: Instant,
+    ) -> Result<Vec<u32>, Retry> {
         let health = &self.shared.health;
         self.propose(agreement)?;
         let mut last_check = Instant::now();
         loop {
-            let mut grew = false;
-            for p in health.take_proposals() {
-                grew |= agreement.receive(p).map_err(|f| self.failure(f))?;
-            }
+            let grew = self.take_proposals(agreement, answers)?;
             if grew {
                 self.propose(agreement)?;
                 continue;
@@ -334,6 +382,7 @@ impl Communicator {
     fn build(
         &self,
         agreement: &mut Agreement,
+        answers: &mut Answers,
         members: &[u32],
         n: u64,
         started: Instant,
@@ -357,21 +406,8 @@ impl Communicator {
         records.insert(me, record);
         let mut last_check = Instant::now();
         while records.len() < members.len() {
-            for p in health.take_proposals() {
-                let from = p.from;
-                if agreement.receive(p).map_err(|f| self.failure(f))? {
-                    return Err(Retry::Again);
-                }
-                // A member still proposing, although this rank has decided, is waiting for
-                // this rank's proposal: the delivery of it may have failed while that member
-                // answered (seen under load in CI), and only waiting ranks send again. Answer
-                // it; it re-sends at most every `CHECK_AFTER`, so this stays bounded.
-                if members.contains(&from) {
-                    let sent = health.propose(from as usize, &agreement.proposal());
-                    if self.delivered(agreement, from, sent)? {
-                        return Err(Retry::Again);
-                    }
-                }
+            if self.take_proposals(agreement, answers)? {
+                return Err(Retry::Again);
             }
             let missing: Vec<u32> = members
                 .iter()

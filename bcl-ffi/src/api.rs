@@ -171,14 +171,6 @@ fn queue_on_host_stream(
     stream: BclStream,
 ) -> Result<(), Error> {
     let host = host_stream::stream(stream as usize)?;
-    let present = |ptr: usize, len: usize, what: &str| -> Result<(usize, usize), Error> {
-        if ptr == 0 && len > 0 {
-            return Err(invalid(format!(
-                "{what} is NULL but {len} bytes are needed"
-            )));
-        }
-        Ok((ptr, len))
-    };
     let (input, output) = match call.in_place {
         Some((address, len)) => (None, Some(present(address, len, "recvbuff")?)),
         None => (
@@ -213,6 +205,16 @@ fn queue_memory(
     let work = comm.submit_host(collective, count, dtype, Box::new(memory))?;
     host.push(work);
     Ok(())
+}
+
+/// (address, bytes) of caller memory handed to a queued operation; NULL only when empty.
+fn present(ptr: usize, len: usize, what: &str) -> Result<(usize, usize), Error> {
+    if ptr == 0 && len > 0 {
+        return Err(invalid(format!(
+            "{what} is NULL but {len} bytes are needed"
+        )));
+    }
+    Ok((ptr, len))
 }
 
 /// What one collective call's pointers mean by NCCL's in-place rules.
@@ -1091,14 +1093,6 @@ unsafe fn v_call(
     }
     if !stream.is_null() {
         let host = host_stream::stream(stream as usize)?;
-        let present = |ptr: usize, len: usize, what: &str| -> Result<(usize, usize), Error> {
-            if ptr == 0 && len > 0 {
-                return Err(invalid(format!(
-                    "{what} is NULL but {len} bytes are needed"
-                )));
-            }
-            Ok((ptr, len))
-        };
         let (after, done) = host.next_order();
         let memory = RawHost {
             input: Some(present(s, in_bytes, "sendbuff")?),

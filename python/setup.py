@@ -1,28 +1,54 @@
-"""Puts the workspace's libbcl.so into the package (building it with cargo if it is missing),
-so that `pip install ./python` gives an importable `bcl` that needs no BCL_LIBRARY."""
+"""`pip install ./python`: builds the backend's C++ part (bcl._C, a c10d::Backend over the C
+ABI) against the installed torch, and puts the workspace's libbcl.so beside it (building it
+with cargo first), so the installed `bcl` needs no BCL_LIBRARY. Needs torch at build time:
+install with `pip install --no-build-isolation ./python`."""
 import shutil
 import subprocess
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = Path(__file__).resolve().parent
 WORKSPACE = HERE.parent
+LIBRARY = WORKSPACE / "target" / "release" / "libbcl.so"
+
+
+def build_library():
+    if (WORKSPACE / "Cargo.toml").is_file():
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "bcl-ffi"],
+                       cwd=WORKSPACE, check=True)
+    if not LIBRARY.is_file():
+        raise SystemExit(f"{LIBRARY} is missing: build it with `cargo build --release -p bcl-ffi`")
 
 
 class WithLibrary(build_py):
     def run(self):
-        lib = WORKSPACE / "target" / "release" / "libbcl.so"
-        if (WORKSPACE / "Cargo.toml").is_file():
-            subprocess.run(["cargo", "build", "--release", "--locked", "-p", "bcl-ffi"],
-                           cwd=WORKSPACE, check=True)
-        if not lib.is_file():
-            raise SystemExit(f"{lib} is missing: build it with `cargo build --release -p bcl-ffi`")
         super().run()
         target = Path(self.build_lib) / "bcl"
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib, target / "libbcl.so")
+        shutil.copy2(LIBRARY, target / "libbcl.so")
 
 
-setup(cmdclass={"build_py": WithLibrary})
+class Extension(BuildExtension):
+    def run(self):
+        build_library()
+        super().run()
+
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "bcl._C",
+            ["csrc/module.cpp", "csrc/process_group.cpp", "csrc/work.cpp"],
+            include_dirs=[str(WORKSPACE / "include")],
+            library_dirs=[str(LIBRARY.parent)],
+            libraries=["bcl"],
+            # libbcl.so sits beside _C in the installed package.
+            extra_link_args=["-Wl,-rpath,$ORIGIN"],
+            extra_compile_args=["-O2"],
+        )
+    ],
+    cmdclass={"build_py": WithLibrary, "build_ext": Extension},
+)

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)   # the torch backend's C++ part
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 command -v nm >/dev/null 2>&1 || missing+=(binutils)

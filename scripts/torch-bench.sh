@@ -3,7 +3,7 @@
 # 4 local ranks (scripts/torch-bench.py). Usage: scripts/torch-bench.sh [ROUNDS=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -c 'import bcl.torch' 2>/dev/null || python3 -m pip install --quiet --no-deps ./python
+python3 -c 'import bcl.torch' 2>/dev/null || python3 -m pip install --quiet --no-deps --no-build-isolation ./python
 script=$PWD/scripts/torch-bench.py
 cd /tmp
 for n in 2 4; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The torch.distributed backend "bcl" as a user gets it: torch from PyPI (installed if this
-# machine lacks it), `pip install ./python`, then under torchrun: every operation against
+# machine lacks it), `pip install --no-build-isolation ./python` (libbcl and the C++
+# backend built against that torch), then under torchrun: every operation against
 # Gloo in the same job on 2, 3 and 4 ranks (python/tests/check_ops.py), DDP on 4 ranks
 # ending with the single-process model's weights (check_ddp.py), FSDP2 against Gloo
 # (check_fsdp.py), subgroups (check_groups.py), the group timeout (check_timeout.py)
@@ -12,8 +13,10 @@ pip_install() {
   python3 -m pip install --quiet "$@" || python3 -m pip install --quiet --break-system-packages "$@"
 }
 python3 -c 'import torch' 2>/dev/null || pip_install torch
+# Built against the installed torch (--no-build-isolation), so setuptools must be here.
+python3 -c 'import setuptools' 2>/dev/null || pip_install setuptools
 python3 -c 'import torch, torch.distributed as d; assert d.is_available(); print("torch", torch.__version__)'
-pip_install --force-reinstall --no-deps ./python
+pip_install --force-reinstall --no-deps --no-build-isolation ./python
 # Run from elsewhere, so that `import bcl` is the installed package, not the source tree.
 cd /tmp
 for n in 2 3 4; do

@@ -1,8 +1,8 @@
 """One rank of `torchrun --nproc-per-node N python/tests/check_ops.py`: every operation of
 the "bcl" backend against Gloo in the same job (torch_ucc's method), on the same inputs:
 sizes 0, 1, 7, 1000 and 2^20 elements, uneven all-to-all splits and uneven all_gather / reduce_scatter, dtypes float32, float64, float16, bfloat16, int8,
-uint8, int32, int64 and bool, every reduce op, contiguous and non-contiguous tensors, sync
-and async. Exact comparison, except float sums whose rounding depends on the reduction
+uint8, int32, int64 and bool, every reduce op (PREMUL_SUM against Gloo's sum of scaled
+inputs), the coalesced forms, contiguous and non-contiguous tensors, sync and async. Exact comparison, except float sums whose rounding depends on the reduction
 order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
 import os
 import sys
@@ -15,6 +15,9 @@ import bcl.torch  # noqa: F401  registers "bcl"
 dist.init_process_group("bcl")
 rank, n = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
+# The operations below go through the C++ backend, not a Python stand-in.
+backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+assert type(backend).__name__ == "ProcessGroupBCL", f"the bcl group's backend is {type(backend)}"
 R = dist.ReduceOp
 failures = []
 
@@ -176,6 +179,67 @@ view = m[:, 1]
 dist.all_reduce(view)
 dist.all_reduce(col_b, group=gloo)
 same("all_reduce of a non-contiguous view", view.contiguous(), col_b)
+# Non-contiguous outputs of all_gather_into_tensor and reduce_scatter_tensor (every other
+# element of a larger tensor).
+x = data(rank + 700, 6, torch.float32)
+big_a, big_b = torch.zeros(2 * n * 6), torch.zeros(n * 6)
+dist.all_gather_into_tensor(big_a[::2], x)
+dist.all_gather_into_tensor(big_b, x, group=gloo)
+same("all_gather_into_tensor into a strided view", big_a[::2].contiguous(), big_b)
+full = data(rank + 800, n * 6, torch.float32)
+oa, ob = torch.zeros(12), torch.zeros(6)
+dist.reduce_scatter_tensor(oa[1::2], full)
+dist.reduce_scatter_tensor(ob, full, group=gloo)
+same("reduce_scatter_tensor into a strided view", oa[1::2].contiguous(), ob)
+same("reduce_scatter_tensor leaves the rest", oa[0::2], torch.zeros(6))
+
+# PREMUL_SUM (a factor applied before the sum, as NCCL's): against Gloo's sum of the scaled
+# inputs; the factor as a number and as a tensor.
+for factor in (0.5, torch.tensor([0.25])):
+    op = dist._make_nccl_premul_sum(factor)
+    f = float(factor)
+    x = data(rank + 900, 1000, torch.float32)
+    a, b = x.clone(), x * f
+    dist.all_reduce(a, op=op)
+    dist.all_reduce(b, group=gloo)
+    same(f"all_reduce PREMUL_SUM {f}", a, b, 1e-6)
+    full = data(rank + 950, n * 10, torch.float32)
+    oa, ob = torch.zeros(10), torch.zeros(10)
+    dist.reduce_scatter_tensor(oa, full, op=op)
+    dist.reduce_scatter_tensor(ob, full * f, group=gloo)
+    same(f"reduce_scatter_tensor PREMUL_SUM {f}", oa, ob, 1e-6)
+
+# The coalesced forms, as FSDP and DDP's helpers call them on the group itself.
+pg_bcl, pg_gloo = dist.group.WORLD, gloo
+xs = [data(rank + 1000 + i, 10 * (i + 1), torch.float32) for i in range(3)]
+a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+pg_bcl.allreduce_coalesced(a, dist.AllreduceCoalescedOptions()).wait()
+for t in b:
+    dist.all_reduce(t, group=gloo)
+for i in range(3):
+    same(f"allreduce_coalesced tensor {i}", a[i], b[i], 1e-6)
+outs_a = [torch.zeros(n * x.numel()) for x in xs]
+pg_bcl.allgather_into_tensor_coalesced(outs_a, xs).wait()
+for i, x in enumerate(xs):
+    want = torch.zeros(n * x.numel())
+    dist.all_gather_into_tensor(want, x, group=gloo)
+    same(f"allgather_into_tensor_coalesced tensor {i}", outs_a[i], want)
+fulls = [data(rank + 1100 + i, n * 4 * (i + 1), torch.float32) for i in range(3)]
+outs_a = [torch.zeros(4 * (i + 1)) for i in range(3)]
+opts = dist.ReduceScatterOptions()
+pg_bcl.reduce_scatter_tensor_coalesced(outs_a, fulls, opts).wait()
+for i in range(3):
+    want = torch.zeros(4 * (i + 1))
+    dist.reduce_scatter_tensor(want, fulls[i], group=gloo)
+    same(f"reduce_scatter_tensor_coalesced tensor {i}", outs_a[i], want, 1e-6)
+lists_a = [[torch.zeros(x.numel()) for _ in range(n)] for x in xs]
+pg_bcl.allgather_coalesced(lists_a, xs).wait()
+for i, x in enumerate(xs):
+    want = [torch.zeros(x.numel()) for _ in range(n)]
+    dist.all_gather(want, x, group=gloo)
+    for r in range(n):
+        same(f"allgather_coalesced tensor {i} block {r}", lists_a[i][r], want[r])
+
 # Several operations in flight at once, waited in reverse order.
 xs = [torch.full((1000,), float(rank + i)) for i in range(5)]
 works = [dist.all_reduce(t, async_op=True) for t in xs]

@@ -1,0 +1,746 @@
+// The collectives of the "bcl" backend: torch's tensors and options turned into BCL calls.
+// Every operation is built as a Step (the BCL calls to make, the tensors they need alive,
+// what to copy back afterwards) and handed to `run`, so coalesced forms are the plain ones
+// merged into one Work.
+#include "process_group.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <numeric>
+
+namespace bcl_torch {
+
+using Launch = std::function<bclResult_t(bclStream_t)>;
+
+// What one operation is made of: the BCL calls (each given the stream to queue on, or null
+// to run at once), the tensors they use, what to copy back once they are done.
+struct Step {
+  std::vector<Launch> launches;
+  std::vector<at::Tensor> keep;
+  std::vector<std::function<void()>> after;
+  size_t bytes = 0;
+
+  void merge(Step&& other) {
+    for (auto& l : other.launches) launches.push_back(std::move(l));
+    for (auto& t : other.keep) keep.push_back(std::move(t));
+    for (auto& a : other.after) after.push_back(std::move(a));
+    bytes += other.bytes;
+  }
+  std::function<void()> afterwards() {
+    if (after.empty()) return nullptr;
+    return [after = std::move(after)] {
+      for (const auto& a : after) a();
+    };
+  }
+};
+
+namespace {
+
+bclDataType_t dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kChar: return bclInt8;
+    case at::kByte: return bclUint8;
+    case at::kBool: return bclUint8;
+    case at::kInt: return bclInt32;
+    case at::kUInt32: return bclUint32;
+    case at::kLong: return bclInt64;
+    case at::kUInt64: return bclUint64;
+    case at::kHalf: return bclFloat16;
+    case at::kFloat: return bclFloat32;
+    case at::kDouble: return bclFloat64;
+    case at::kBFloat16: return bclBfloat16;
+    default:
+      TORCH_CHECK_TYPE(false, "bcl: tensors of ", t.scalar_type(), " are not supported");
+  }
+}
+
+// BCL's op for torch's on `t`. PREMUL_SUM arrives here as SUM (its factor is applied first,
+// by `premultiplied`); on bool, sum is or and product is and, as Gloo and NCCL take them.
+bclRedOp_t op_of(const c10d::ReduceOp& op, const at::Tensor& t) {
+  bool boolean = t.scalar_type() == at::kBool;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::PREMUL_SUM: return boolean ? bclMax : bclSum;
+    case c10d::ReduceOp::PRODUCT: return boolean ? bclMin : bclProd;
+    case c10d::ReduceOp::MIN: return bclMin;
+    case c10d::ReduceOp::MAX: return bclMax;
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK_VALUE(!boolean, "bcl: AVG of bool tensors has no meaning");
+      return bclAvg;
+    default:
+      TORCH_CHECK_VALUE(false, "bcl: reduce op ", static_cast<int>(op.op_),
+                        " is not supported (SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM are)");
+  }
+}
+
+// For PREMUL_SUM (torch.distributed._make_nccl_premul_sum): `t` times the op's factor, a
+// new tensor; otherwise undefined.
+at::Tensor premultiplied(const c10d::ReduceOp& op, const at::Tensor& t) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return at::Tensor();
+  auto* factor = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(factor != nullptr, "bcl: PREMUL_SUM without its factor");
+  if (factor->tensor_factor.defined()) return t.mul(factor->tensor_factor.to(t.device()));
+  return t.mul(factor->double_factor);
+}
+
+void host_only(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "bcl: only cpu tensors are supported here, got one on ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "bcl: only dense tensors are supported");
+}
+
+size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
+size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+// A contiguous view of `t`, or a copy and the step that brings results back into `t`.
+at::Tensor flat_into(const at::Tensor& t, Step& step) {
+  if (t.is_contiguous()) return t;
+  at::Tensor c = t.contiguous();
+  step.after.push_back([t, c]() mutable { t.copy_(c); });
+  step.keep.push_back(t);
+  return c;
+}
+
+void same(const at::Tensor& big, const at::Tensor& small, int64_t elems, const char* what) {
+  TORCH_CHECK_VALUE(big.numel() == elems && big.scalar_type() == small.scalar_type(), "bcl: ",
+                    what, ": expected a tensor of ", elems, " x ", small.scalar_type(), ", got ",
+                    big.numel(), " x ", big.scalar_type());
+}
+
+// Copies of `parts` laid end to end in one new tensor (their flattened contents).
+at::Tensor packed(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(parts.size());
+  for (const auto& p : parts) flat.push_back(p.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `staged` into `outs` (each its own size and shape).
+std::function<void()> unpack(at::Tensor staged, std::vector<at::Tensor> outs) {
+  return [staged, outs]() mutable {
+    int64_t at = 0;
+    for (auto& o : outs) {
+      o.copy_(staged.narrow(0, at, o.numel()).view_as(o));
+      at += o.numel();
+    }
+  };
+}
+
+size_t sync_bytes_setting() {
+  const char* v = std::getenv("BCL_TORCH_SYNC_BYTES");
+  if (v == nullptr || *v == '\0') return 64 << 10;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(v, &end, 10);
+  TORCH_CHECK_VALUE(errno == 0 && end != v && *end == '\0' && *v != '-',
+                    "bcl: BCL_TORCH_SYNC_BYTES=", v,
+                    " is not a byte count (a whole number, 0 to queue every call)");
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
+ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                 int size, std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), sync_bytes_(sync_bytes_setting()) {
+  bclUniqueId uid{};
+  const std::string key = "bcl/unique_id";
+  if (rank == 0) {
+    check(bclGetUniqueId(&uid), "init: bclGetUniqueId");
+    const auto* b = reinterpret_cast<const uint8_t*>(uid.internal);
+    store->set(key, std::vector<uint8_t>(b, b + sizeof(uid.internal)));
+  } else {
+    std::vector<uint8_t> data = store->get(key);
+    TORCH_CHECK(data.size() == sizeof(uid.internal), "bcl: init: the unique id in the store has ",
+                data.size(), " bytes, not ", sizeof(uid.internal));
+    std::copy(data.begin(), data.end(), reinterpret_cast<uint8_t*>(uid.internal));
+  }
+  bclConfig_t config = BCL_CONFIG_INITIALIZER;
+  if (timeout.count() > 0) {
+    config.timeoutSeconds = config.initTimeoutSeconds = timeout.count() / 1000.0;
+  }
+  check(bclCommInitRankConfig(&comm_, size, uid, rank, &config), "init");
+  if (bclResult_t r = bclStreamCreate(&stream_); r != bclSuccess) {
+    std::exception_ptr err = failure(r, "init: bclStreamCreate");
+    bclCommDestroy(comm_);
+    comm_ = nullptr;
+    std::rethrow_exception(err);
+  }
+  completer_ = std::make_unique<Completer>();
+}
+
+ProcessGroupBCL::~ProcessGroupBCL() { shutdown(); }
+
+void ProcessGroupBCL::shutdown() {
+  if (comm_ == nullptr) return;
+  bclStreamSynchronize(stream_);
+  completer_.reset();  // finishes what was queued, then joins
+  bclStreamDestroy(stream_);
+  bclCommDestroy(comm_);
+  stream_ = nullptr;
+  comm_ = nullptr;
+}
+
+void ProcessGroupBCL::abort() {
+  if (comm_ != nullptr) bclCommAbort(comm_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::done(c10d::OpType type,
+                                                     std::vector<at::Tensor> result) {
+  return c10::make_intrusive<WorkBCL>(std::make_shared<Pending>(std::move(result)), rank_, type);
+}
+
+// Queued on the host stream with one event after it, or, when it moves at most
+// BCL_TORCH_SYNC_BYTES (64 KiB by default), at once on this thread, where the hand-over to
+// the progress thread would cost more than there is to overlap. Order is kept either way: a
+// blocking call waits for what was queued on the communicator before it.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::run(c10d::OpType type, const std::string& what,
+                                                    Step&& step, std::vector<at::Tensor> result) {
+  if (step.bytes <= sync_bytes_) {
+    for (auto& l : step.launches) check(l(nullptr), what);
+    if (auto after = step.afterwards()) after();
+    return done(type, std::move(result));
+  }
+  auto give_up = [&](std::exception_ptr err) {
+    // Calls queued before the failing one still use the step's tensors: wait for them
+    // before those are freed.
+    bclStreamSynchronize(stream_);
+    std::rethrow_exception(err);
+  };
+  for (auto& l : step.launches) {
+    if (bclResult_t r = l(stream_); r != bclSuccess) give_up(failure(r, what));
+  }
+  bclEvent_t event = nullptr;
+  if (bclResult_t r = bclEventCreate(&event); r != bclSuccess) {
+    give_up(failure(r, what + ": bclEventCreate"));
+  }
+  if (bclResult_t r = bclEventRecord(event, stream_); r != bclSuccess) {
+    bclEventDestroy(event);
+    give_up(failure(r, what + ": bclEventRecord"));
+  }
+  auto pending = std::make_shared<Pending>(what, event, std::move(step.keep), step.afterwards(),
+                                           std::move(result));
+  completer_->push(pending);
+  return c10::make_intrusive<WorkBCL>(std::move(pending), rank_, type);
+}
+
+
+// ------------------------------------------------------------------ reductions
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  Step step;
+  for (const auto& t : tensors) {
+    host_only(t);
+    bclDataType_t dt = dtype_of(t);
+    bclRedOp_t op = op_of(opts.reduceOp, t);
+    at::Tensor buf;
+    if (at::Tensor scaled = premultiplied(opts.reduceOp, t); scaled.defined()) {
+      buf = scaled.contiguous();
+      step.after.push_back([t, buf]() mutable { t.copy_(buf); });
+      step.keep.push_back(t);
+    } else {
+      buf = flat_into(t, step);
+    }
+    step.keep.push_back(buf);
+    step.bytes += bytes_of(buf);
+    bclComm_t comm = comm_;
+    step.launches.push_back([buf, dt, op, comm](bclStream_t s) {
+      return bclAllReduce(ptr(buf), ptr(buf), count(buf), dt, op, comm, s);
+    });
+  }
+  return run(c10d::OpType::ALLREDUCE, "all_reduce", std::move(step), tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  c10d::AllreduceOptions one;
+  one.reduceOp = opts.reduceOp;
+  one.timeout = opts.timeout;
+  return allreduce(tensors, one);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "bcl: reduce takes one tensor, got ", tensors.size());
+  const at::Tensor& t = tensors[0];
+  host_only(t);
+  Step step;
+  bclDataType_t dt = dtype_of(t);
+  bclRedOp_t op = op_of(opts.reduceOp, t);
+  int root = static_cast<int>(opts.rootRank);
+  at::Tensor buf;
+  if (at::Tensor scaled = premultiplied(opts.reduceOp, t); scaled.defined()) {
+    buf = scaled.contiguous();
+    if (rank_ == root) step.after.push_back([t, buf]() mutable { t.copy_(buf); });
+  } else if (t.is_contiguous()) {
+    buf = t;
+  } else {
+    buf = t.contiguous();
+    if (rank_ == root) step.after.push_back([t, buf]() mutable { t.copy_(buf); });
+  }
+  step.keep = {t, buf};
+  step.bytes = bytes_of(buf);
+  bclComm_t comm = comm_;
+  step.launches.push_back([buf, dt, op, root, comm](bclStream_t s) {
+    return bclReduce(ptr(buf), ptr(buf), count(buf), dt, op, root, comm, s);
+  });
+  return run(c10d::OpType::REDUCE, "reduce", std::move(step), tensors);
+}
+
+namespace {
+Step reduce_scatter_step(bclComm_t comm, int size, const at::Tensor& output,
+                         const at::Tensor& input, const c10d::ReduceOp& rop) {
+  host_only(output);
+  host_only(input);
+  same(input, output, size * output.numel(), "reduce_scatter_tensor");
+  Step step;
+  at::Tensor out = flat_into(output, step);
+  at::Tensor scaled = premultiplied(rop, input);
+  at::Tensor in = scaled.defined() ? scaled.contiguous() : input.contiguous();
+  bclDataType_t dt = dtype_of(output);
+  bclRedOp_t op = op_of(rop, output);
+  step.keep.insert(step.keep.end(), {output, out, in});
+  step.bytes = bytes_of(in);
+  step.launches.push_back([in, out, dt, op, comm](bclStream_t s) {
+    return bclReduceScatter(ptr(in), ptr(out), count(out), dt, op, comm, s);
+  });
+  return step;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter_single(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  Step step = reduce_scatter_step(comm_, size_, output, input, opts.reduceOp);
+  return run(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(step), {output});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "bcl: reduce_scatter_tensor_coalesced: ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  Step step;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    step.merge(reduce_scatter_step(comm_, size_, outputs[i], inputs[i], opts.reduceOp));
+  }
+  return run(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(step), outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
+                    "bcl: reduce_scatter takes one output and one list of inputs");
+  at::Tensor& output = outputs[0];
+  std::vector<at::Tensor>& ins = inputs[0];
+  TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "bcl: reduce_scatter: ", ins.size(),
+                    " inputs for ", size_, " ranks");
+  bool even = std::all_of(ins.begin(), ins.end(),
+                          [&](const at::Tensor& i) { return i.numel() == output.numel(); });
+  if (even) {
+    for (const auto& i : ins) host_only(i);
+    at::Tensor staged = packed(ins);
+    Step step = reduce_scatter_step(comm_, size_, output, staged, opts.reduceOp);
+    return run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", std::move(step), outputs);
+  }
+  // Uneven: input p goes to rank p, whatever its size (bclReduceScatterv).
+  host_only(output);
+  for (const auto& i : ins) host_only(i);
+  TORCH_CHECK_VALUE(ins[rank_].numel() == output.numel(), "bcl: reduce_scatter: input ", rank_,
+                    " holds ", ins[rank_].numel(), " elements, this rank's output ",
+                    output.numel());
+  auto counts = std::make_shared<std::vector<size_t>>();
+  for (const auto& i : ins) counts->push_back(count(i));
+  Step step;
+  at::Tensor scaled = premultiplied(opts.reduceOp, packed(ins));
+  at::Tensor in = scaled.defined() ? scaled : packed(ins);
+  at::Tensor out = flat_into(output, step);
+  bclDataType_t dt = dtype_of(output);
+  bclRedOp_t op = op_of(opts.reduceOp, output);
+  step.keep.insert(step.keep.end(), {in, out, output});
+  step.bytes = bytes_of(in);
+  bclComm_t comm = comm_;
+  step.launches.push_back([in, out, counts, dt, op, comm](bclStream_t s) {
+    return bclReduceScatterv(ptr(in), ptr(out), counts->data(), dt, op, comm, s);
+  });
+  return run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter (uneven)", std::move(step), outputs);
+}
+
+// ------------------------------------------------------------------ data movement
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  Step step;
+  int root = static_cast<int>(opts.rootRank);
+  for (const auto& t : tensors) {
+    host_only(t);
+    at::Tensor buf = flat_into(t, step);
+    bclDataType_t dt = dtype_of(t);
+    step.keep.push_back(buf);
+    step.bytes += bytes_of(buf);
+    bclComm_t comm = comm_;
+    step.launches.push_back([buf, dt, root, comm](bclStream_t s) {
+      return bclBroadcast(ptr(buf), ptr(buf), count(buf), dt, root, comm, s);
+    });
+  }
+  return run(c10d::OpType::BROADCAST, "broadcast", std::move(step), tensors);
+}
+
+namespace {
+Step all_gather_step(bclComm_t comm, int size, const at::Tensor& output,
+                     const at::Tensor& input) {
+  host_only(output);
+  host_only(input);
+  same(output, input, size * input.numel(), "all_gather_into_tensor");
+  Step step;
+  at::Tensor out = flat_into(output, step);
+  at::Tensor in = input.contiguous();
+  bclDataType_t dt = dtype_of(input);
+  step.keep.insert(step.keep.end(), {output, out, in});
+  step.bytes = bytes_of(out);
+  step.launches.push_back([in, out, dt, comm](bclStream_t s) {
+    return bclAllGather(ptr(in), ptr(out), count(in), dt, comm, s);
+  });
+  return step;
+}
+
+// all_gather into a list: output p holds rank p's input (bclAllGatherv when sizes differ).
+Step all_gather_list_step(bclComm_t comm, int size, int rank, const std::vector<at::Tensor>& outs,
+                          const at::Tensor& input) {
+  host_only(input);
+  TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size, "bcl: all_gather: ", outs.size(),
+                    " outputs for ", size, " ranks");
+  for (const auto& o : outs) {
+    host_only(o);
+    TORCH_CHECK_VALUE(o.scalar_type() == input.scalar_type(), "bcl: all_gather: an output of ",
+                      o.scalar_type(), " for an input of ", input.scalar_type());
+  }
+  at::Tensor in = input.contiguous();
+  TORCH_CHECK_VALUE(outs[rank].numel() == in.numel(), "bcl: all_gather: output ", rank,
+                    " holds ", outs[rank].numel(), " elements, this rank's input ", in.numel());
+  int64_t total = 0;
+  auto counts = std::make_shared<std::vector<size_t>>();
+  for (const auto& o : outs) {
+    counts->push_back(count(o));
+    total += o.numel();
+  }
+  bool even = std::all_of(counts->begin(), counts->end(),
+                          [&](size_t c) { return c == count(in); });
+  at::Tensor staged = at::empty({total}, in.options());
+  bclDataType_t dt = dtype_of(input);
+  Step step;
+  step.keep.insert(step.keep.end(), {in, staged});
+  step.keep.insert(step.keep.end(), outs.begin(), outs.end());
+  step.after.push_back(unpack(staged, outs));
+  step.bytes = bytes_of(staged);
+  if (even) {
+    step.launches.push_back([in, staged, dt, comm](bclStream_t s) {
+      return bclAllGather(ptr(in), ptr(staged), count(in), dt, comm, s);
+    });
+  } else {
+    step.launches.push_back([in, staged, counts, dt, comm](bclStream_t s) {
+      return bclAllGatherv(ptr(in), ptr(staged), counts->data(), dt, comm, s);
+    });
+  }
+  return step;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_gather_single(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  Step step = all_gather_step(comm_, size_, output, input);
+  return run(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(step), {output});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_gather_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions&) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "bcl: all_gather_into_tensor_coalesced: ",
+                    outputs.size(), " outputs for ", inputs.size(), " inputs");
+  Step step;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    step.merge(all_gather_step(comm_, size_, outputs[i], inputs[i]));
+  }
+  return run(c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", std::move(step), outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions&) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
+                    "bcl: all_gather takes one list of outputs and one input");
+  Step step = all_gather_list_step(comm_, size_, rank_, outputs[0], inputs[0]);
+  return run(c10d::OpType::ALLGATHER, "all_gather", std::move(step), outputs[0]);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions&) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "bcl: all_gather_coalesced: ",
+                    outputs.size(), " output lists for ", inputs.size(), " inputs");
+  Step step;
+  std::vector<at::Tensor> result;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    step.merge(all_gather_list_step(comm_, size_, rank_, outputs[i], inputs[i]));
+    result.insert(result.end(), outputs[i].begin(), outputs[i].end());
+  }
+  return run(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(step), result);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  TORCH_CHECK_VALUE(inputs.size() == 1, "bcl: gather takes one input");
+  int root = static_cast<int>(opts.rootRank);
+  host_only(inputs[0]);
+  at::Tensor in = inputs[0].contiguous();
+  bclDataType_t dt = dtype_of(in);
+  bclComm_t comm = comm_;
+  Step step;
+  step.keep.push_back(in);
+  step.bytes = bytes_of(in) * (rank_ == root ? size_ : 1);
+  if (rank_ != root) {
+    step.launches.push_back([in, dt, root, comm](bclStream_t s) {
+      return bclGather(ptr(in), nullptr, count(in), dt, root, comm, s);
+    });
+    return run(c10d::OpType::GATHER, "gather", std::move(step), {});
+  }
+  TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                    "bcl: gather: the root needs one list of ", size_, " outputs");
+  for (const auto& o : outputs[0]) {
+    host_only(o);
+    same(o, in, in.numel(), "gather");
+  }
+  at::Tensor staged = at::empty({size_ * in.numel()}, in.options());
+  step.keep.push_back(staged);
+  step.after.push_back(unpack(staged, outputs[0]));
+  step.launches.push_back([in, staged, dt, root, comm](bclStream_t s) {
+    return bclGather(ptr(in), ptr(staged), count(in), dt, root, comm, s);
+  });
+  return run(c10d::OpType::GATHER, "gather", std::move(step), outputs[0]);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather_single(at::Tensor& output,
+                                                              at::Tensor& input,
+                                                              const c10d::GatherOptions& opts) {
+  int root = static_cast<int>(opts.rootRank);
+  host_only(input);
+  at::Tensor in = input.contiguous();
+  bclDataType_t dt = dtype_of(in);
+  bclComm_t comm = comm_;
+  Step step;
+  step.keep.push_back(in);
+  step.bytes = bytes_of(in) * (rank_ == root ? size_ : 1);
+  if (rank_ != root) {
+    step.launches.push_back([in, dt, root, comm](bclStream_t s) {
+      return bclGather(ptr(in), nullptr, count(in), dt, root, comm, s);
+    });
+    return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step), {});
+  }
+  host_only(output);
+  same(output, in, size_ * in.numel(), "gather_into_tensor");
+  at::Tensor out = flat_into(output, step);
+  step.keep.push_back(out);
+  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
+    return bclGather(ptr(in), ptr(out), count(in), dt, root, comm, s);
+  });
+  return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step), {output});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1, "bcl: scatter takes one output");
+  int root = static_cast<int>(opts.rootRank);
+  at::Tensor& output = outputs[0];
+  host_only(output);
+  Step step;
+  at::Tensor out = flat_into(output, step);
+  bclDataType_t dt = dtype_of(output);
+  bclComm_t comm = comm_;
+  step.keep.insert(step.keep.end(), {output, out});
+  step.bytes = bytes_of(out) * (rank_ == root ? size_ : 1);
+  at::Tensor in;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                      "bcl: scatter: the root needs one list of ", size_, " inputs");
+    for (const auto& i : inputs[0]) {
+      host_only(i);
+      same(i, output, output.numel(), "scatter");
+    }
+    in = packed(inputs[0]);
+    step.keep.push_back(in);
+  }
+  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
+    return bclScatter(in.defined() ? ptr(in) : nullptr, ptr(out), count(out), dt, root, comm, s);
+  });
+  return run(c10d::OpType::SCATTER, "scatter", std::move(step), outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoallv(at::Tensor in,
+                                                          std::vector<size_t> in_counts,
+                                                          at::Tensor out,
+                                                          std::vector<size_t> out_counts,
+                                                          std::vector<at::Tensor> keep,
+                                                          std::function<void()> after,
+                                                          std::vector<at::Tensor> result) {
+  auto sc = std::make_shared<std::vector<size_t>>(std::move(in_counts));
+  auto rc = std::make_shared<std::vector<size_t>>(std::move(out_counts));
+  bclDataType_t dt = dtype_of(in);
+  bclComm_t comm = comm_;
+  Step step;
+  step.keep = std::move(keep);
+  step.keep.insert(step.keep.end(), {in, out});
+  if (after) step.after.push_back(std::move(after));
+  step.bytes = std::max(bytes_of(in), bytes_of(out));
+  step.launches.push_back([in, out, sc, rc, dt, comm](bclStream_t s) {
+    return bclAllToAllv(ptr(in), sc->data(), ptr(out), rc->data(), dt, comm, s);
+  });
+  return run(c10d::OpType::ALLTOALL_BASE, "all_to_all_single (uneven)", std::move(step), result);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_to_all_single(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions&) {
+  host_only(output);
+  host_only(input);
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "bcl: all_to_all_single of ",
+                    input.scalar_type(), " into ", output.scalar_type());
+  auto uneven = [](const std::vector<int64_t>& s) {
+    return !s.empty() && std::any_of(s.begin(), s.end(), [&](int64_t v) { return v != s[0]; });
+  };
+  Step step;
+  at::Tensor out = flat_into(output, step);
+  at::Tensor in = input.contiguous();
+  if (!uneven(outputSplitSizes) && !uneven(inputSplitSizes)) {
+    TORCH_CHECK_VALUE(in.numel() == out.numel() && in.numel() % size_ == 0,
+                      "bcl: all_to_all_single needs input and output of ", size_,
+                      " equal blocks; got ", in.numel(), " and ", out.numel(), " elements");
+    bclDataType_t dt = dtype_of(in);
+    bclComm_t comm = comm_;
+    size_t n = count(in) / size_;
+    step.keep.insert(step.keep.end(), {output, out, in});
+    step.bytes = bytes_of(in);
+    step.launches.push_back([in, out, n, dt, comm](bclStream_t s) {
+      return bclAllToAll(ptr(in), ptr(out), n, dt, comm, s);
+    });
+    return run(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", std::move(step), {output});
+  }
+  // Uneven splits count rows along dim 0, as torch does.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    int64_t row = t.dim() > 1 && t.size(0) ? t.numel() / t.size(0) : 1;
+    std::vector<size_t> c;
+    for (int r = 0; r < size_; ++r) {
+      int64_t rows = splits.empty() ? (t.dim() ? t.size(0) : t.numel()) / size_ : splits[r];
+      TORCH_CHECK_VALUE(rows >= 0, "bcl: all_to_all_single: a negative split size");
+      c.push_back(static_cast<size_t>(rows * row));
+    }
+    return c;
+  };
+  TORCH_CHECK_VALUE((inputSplitSizes.empty() || static_cast<int>(inputSplitSizes.size()) == size_) &&
+                        (outputSplitSizes.empty() ||
+                         static_cast<int>(outputSplitSizes.size()) == size_),
+                    "bcl: all_to_all_single: split sizes need one entry per rank (", size_, ")");
+  std::vector<size_t> ins = counts(in, inputSplitSizes), outs = counts(out, outputSplitSizes);
+  size_t in_total = std::accumulate(ins.begin(), ins.end(), size_t{0});
+  size_t out_total = std::accumulate(outs.begin(), outs.end(), size_t{0});
+  TORCH_CHECK_VALUE(in_total == count(in) && out_total == count(out),
+                    "bcl: all_to_all_single: split sizes ", inputSplitSizes, " / ",
+                    outputSplitSizes, " do not cover the tensors (", in.numel(), " and ",
+                    out.numel(), " elements)");
+  return alltoallv(in, ins, out, outs, {output}, step.afterwards(), {output});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions&) {
+  TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ &&
+                        static_cast<int>(inputs.size()) == size_,
+                    "bcl: all_to_all takes ", size_, " inputs and outputs");
+  for (const auto& t : outputs) host_only(t);
+  for (const auto& t : inputs) {
+    host_only(t);
+    TORCH_CHECK_VALUE(t.scalar_type() == outputs[0].scalar_type(), "bcl: all_to_all of ",
+                      t.scalar_type(), " into ", outputs[0].scalar_type());
+  }
+  at::Tensor in = packed(inputs);
+  std::vector<size_t> ins, outs;
+  int64_t total = 0;
+  for (const auto& t : inputs) ins.push_back(count(t));
+  for (const auto& t : outputs) {
+    outs.push_back(count(t));
+    total += t.numel();
+  }
+  at::Tensor staged = at::empty({total}, in.options());
+  auto after = unpack(staged, outputs);
+  return alltoallv(in, ins, staged, outs, outputs, after, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::barrier(const c10d::BarrierOptions&) {
+  Step step;
+  bclComm_t comm = comm_;
+  step.launches.push_back([comm](bclStream_t s) { return bclBarrier(comm, s); });
+  return run(c10d::OpType::BARRIER, "barrier", std::move(step), {});
+}
+
+// ------------------------------------------------------------------ point to point
+
+// Sends and receives run on the caller's thread (BCL's host streams carry collectives),
+// after what is queued; between startCoalescing and endCoalescing (batch_isend_irecv) they
+// are one BCL group, run together at its end, so exchanges in any order cannot deadlock.
+void ProcessGroupBCL::drain() { check(bclStreamSynchronize(stream_), "waiting for queued work"); }
+
+void ProcessGroupBCL::startCoalescing() {
+  drain();
+  check(bclGroupStart(), "batch_isend_irecv: bclGroupStart");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::endCoalescing() {
+  coalescing_ = false;
+  auto after = std::move(coalesced_after_);
+  auto keep = std::move(coalesced_keep_);
+  coalesced_after_.clear();
+  coalesced_keep_.clear();
+  check(bclGroupEnd(), "batch_isend_irecv");
+  for (const auto& a : after) a();
+  return done(c10d::OpType::COALESCED, {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& tensors, int dst,
+                                                     int) {
+  if (!coalescing_) drain();
+  for (const auto& t : tensors) {
+    host_only(t);
+    at::Tensor c = t.contiguous();
+    if (coalescing_) coalesced_keep_.push_back(c);  // sent at the group's end
+    check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr),
+          "send to rank " + std::to_string(dst));
+  }
+  return done(c10d::OpType::SEND, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int) {
+  if (!coalescing_) drain();
+  for (const auto& t : tensors) {
+    host_only(t);
+    Step step;
+    at::Tensor c = flat_into(t, step);
+    check(bclRecv(ptr(c), count(c), dtype_of(t), src, comm_, nullptr),
+          "recv from rank " + std::to_string(src));
+    if (coalescing_) {
+      coalesced_keep_.push_back(c);
+      if (auto back = step.afterwards()) coalesced_after_.push_back(std::move(back));
+    } else if (auto back = step.afterwards()) {
+      back();
+    }
+  }
+  return done(c10d::OpType::RECV, tensors);
+}
+
+}  // namespace bcl_torch

@@ -1,0 +1,182 @@
+// The torch.distributed backend "bcl": a c10d::Backend over BCL's C ABI (bcl.h), as
+// torch-ccl and torch_ucc plug into torch. Collectives on host tensors are queued on the
+// group's BCL host stream and return a Work at once, so DDP's gradient buckets are reduced
+// while the backward pass goes on; small ones run on the caller's thread (see `run`).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bcl.h"
+
+namespace bcl_torch {
+
+struct Step;  // process_group.cpp
+
+// The exception of a failed BCL call on this thread: BCL's own text (rank, host, device,
+// cause) after what the backend was doing. A DistBackendError in Python, as NCCL's are.
+std::exception_ptr failure(bclResult_t code, const std::string& what);
+// Throws failure(code, what) unless code is bclSuccess.
+void check(bclResult_t code, const std::string& what);
+
+// One operation queued on the host stream: the event recorded after it, the tensors it
+// uses (kept alive until it is done), what to do once it is done (copy results into
+// non-contiguous outputs), and the future DDP's communication hooks chain on.
+class Pending {
+ public:
+  Pending(std::string what, bclEvent_t event, std::vector<at::Tensor> keep,
+          std::function<void()> after, std::vector<at::Tensor> result);
+  // Already done (a call that ran on the caller's thread).
+  explicit Pending(std::vector<at::Tensor> result);
+  ~Pending();
+
+  // Wait for the operation (any thread, any number of times): its error, or null.
+  std::exception_ptr finish();
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  std::exception_ptr error() const;
+  const std::vector<at::Tensor>& result() const { return result_; }
+  const c10::intrusive_ptr<c10::ivalue::Future>& future() const { return future_; }
+
+ private:
+  std::string what_;
+  bclEvent_t event_ = nullptr;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> after_;
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  mutable std::mutex mu_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
+
+class WorkBCL : public c10d::Work {
+ public:
+  WorkBCL(std::shared_ptr<Pending> pending, int rank, c10d::OpType type);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::shared_ptr<Pending> pending_;
+};
+
+// Finishes queued operations in order on its own thread, so their futures complete (and
+// DDP's hooks run) without anyone waiting on them.
+class Completer {
+ public:
+  Completer();
+  ~Completer();
+  void push(std::shared_ptr<Pending> pending);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class ProcessGroupBCL : public c10d::Backend {
+ public:
+  // A member of a new communicator: rank 0 makes its unique id and hands it to the others
+  // through `store` (torch's, already prefixed per group). A positive `timeout` bounds init
+  // and every collective, as the group's timeout does for Gloo.
+  ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout);
+  ~ProcessGroupBCL() override;
+
+  const std::string getBackendName() const override { return "bcl"; }
+  bool supportsCoalescing() const override { return true; }
+  void shutdown() override;
+  void abort() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather_single(at::Tensor& output, at::Tensor& input,
+                                               const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                   std::vector<int64_t>& outputSplitSizes,
+                                                   std::vector<int64_t>& inputSplitSizes,
+                                                   const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> run(c10d::OpType type, const std::string& what, Step&& step,
+                                     std::vector<at::Tensor> result);
+  // A work that completed before it was returned.
+  c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> result);
+  void drain();  // wait for everything queued (before a blocking send or receive)
+  c10::intrusive_ptr<c10d::Work> alltoallv(at::Tensor in, std::vector<size_t> in_counts,
+                                           at::Tensor out, std::vector<size_t> out_counts,
+                                           std::vector<at::Tensor> keep,
+                                           std::function<void()> after,
+                                           std::vector<at::Tensor> result);
+
+  bclComm_t comm_ = nullptr;
+  bclStream_t stream_ = nullptr;
+  size_t sync_bytes_;
+  // Between startCoalescing and endCoalescing (batch_isend_irecv): sends and receives are
+  // one BCL group, and these run after its end (copies into non-contiguous outputs).
+  bool coalescing_ = false;
+  std::vector<std::function<void()>> coalesced_after_;
+  std::vector<at::Tensor> coalesced_keep_;
+  std::unique_ptr<Completer> completer_;
+};
+
+}  // namespace bcl_torch

@@ -187,6 +187,16 @@ bclResult_t bclCommAbort(bclComm_t comm);
 bclResult_t bclCommSplit(bclComm_t comm, int color, int key, bclComm_t* newcomm,
                          bclConfig_t* config);
 
+/* bclCommCreateGroup: a communicator of the `nranks` ranks of `comm` listed in `ranks`, called
+ * by those ranks alone (MPI_Comm_create_group); the others need not call. Each member's new
+ * rank is its index in the list. Members pass the same list and tag (>= 0) and make groups of
+ * one membership in the same order. No rendezvous store is used: the members exchange over
+ * `comm`'s point-to-point links, so no bclSend/bclRecv between them may be outstanding on
+ * `comm` meanwhile. A rank not in the list, a rank listed twice or out of range:
+ * bclInvalidArgument. newcomm: must not be NULL. */
+bclResult_t bclCommCreateGroup(bclComm_t comm, const int* ranks, int nranks, int tag,
+                               bclComm_t* newcomm, bclConfig_t* config);
+
 /* bclCommRevoke: not collective. Every operation in flight on `comm`, on every rank, fails
  * promptly with bclRemoteError and a message naming the rank that revoked it; later
  * operations are refused. The communicator can still be shrunk or destroyed. Unlike

@@ -587,6 +587,51 @@ pub unsafe extern "C" fn bclCommSplit(
     })
 }
 
+/// `count` ranks from C (each checked as a rank).
+///
+/// # Safety
+/// `list` must be NULL or valid for reads of `count` ints.
+unsafe fn read_ranks(list: *const c_int, count: usize, what: &str) -> Result<Vec<usize>, Error> {
+    let size = count
+        .checked_mul(std::mem::size_of::<c_int>())
+        .ok_or_else(|| invalid(format!("{count} ranks in {what} is too many")))?;
+    // SAFETY: the caller's promise; read_slice refuses NULL with a non-zero count.
+    let bytes = unsafe { read_slice(list.cast(), size, what)? };
+    bytes
+        .chunks_exact(std::mem::size_of::<c_int>())
+        .map(|b| {
+            let v = c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            rank_arg(v, &format!("a rank in {what}"))
+        })
+        .collect()
+}
+
+/// # Safety
+/// `ranks` must be NULL or valid for reads of `nranks` ints; `newcomm` must be NULL or point
+/// to a writable `bclComm_t`; `config` must be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bclCommCreateGroup(
+    comm: BclComm,
+    ranks: *const c_int,
+    nranks: c_int,
+    tag: c_int,
+    newcomm: *mut BclComm,
+    config: *const BclConfig,
+) -> BclResult {
+    call("bclCommCreateGroup", || {
+        need(newcomm, "newcomm")?;
+        no_config(config)?;
+        let count = rank_arg(nranks, "nranks")?;
+        let tag = u32::try_from(tag)
+            .map_err(|_| invalid(format!("tag {tag} is negative (use a tag >= 0)")))?;
+        // SAFETY: bcl.h: `ranks` holds `nranks` ints.
+        let members = unsafe { read_ranks(ranks, count, "ranks")? };
+        let child = registry::get(comm as usize)?.create_group(&members, tag)?;
+        // SAFETY: checked non-NULL above; bcl.h: a writable bclComm_t.
+        unsafe { store_child(newcomm, Some(child)) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn bclCommRevoke(comm: BclComm, flags: c_int) -> BclResult {
     call("bclCommRevoke", || {
@@ -635,26 +680,8 @@ pub unsafe extern "C" fn bclCommShrink(
             }
             parent.shrink(Exclude::Failed, mode)?
         } else {
-            // SAFETY: bcl.h: `excludeRanksList` holds `excludeRanksCount` ints (checked for
-            // NULL with a non-zero count and for overflow by read_slice).
-            let bytes = unsafe {
-                read_slice(
-                    exclude.cast(),
-                    count
-                        .checked_mul(std::mem::size_of::<c_int>())
-                        .ok_or_else(|| {
-                            invalid(format!("excludeRanksCount {count} is too large"))
-                        })?,
-                    "excludeRanksList",
-                )?
-            };
-            let ranks = bytes
-                .chunks_exact(std::mem::size_of::<c_int>())
-                .map(|b| {
-                    let v = c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-                    rank_arg(v, "a rank in excludeRanksList")
-                })
-                .collect::<Result<Vec<usize>, Error>>()?;
+            // SAFETY: bcl.h: `excludeRanksList` holds `excludeRanksCount` ints.
+            let ranks = unsafe { read_ranks(exclude, count, "excludeRanksList")? };
             parent.shrink(Exclude::Ranks(&ranks), mode)?
         };
         // SAFETY: checked non-NULL above; bcl.h: a writable bclComm_t.

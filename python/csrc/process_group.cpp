@@ -145,7 +145,7 @@ size_t sync_bytes_setting() {
 
 ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                  int size, std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), sync_bytes_(sync_bytes_setting()) {
+    : c10d::Backend(rank, size), origin_("store"), sync_bytes_(sync_bytes_setting()) {
   bclUniqueId uid{};
   const std::string key = "bcl/unique_id";
   if (rank == 0) {
@@ -163,6 +163,27 @@ ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, i
     config.timeoutSeconds = config.initTimeoutSeconds = timeout.count() / 1000.0;
   }
   check(bclCommInitRankConfig(&comm_, size, uid, rank, &config), "init");
+  start();
+}
+
+ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<ProcessGroupBCL>& parent,
+                                 const std::vector<int64_t>& members, int rank, int tag)
+    : c10d::Backend(rank, static_cast<int>(members.size())),
+      origin_("group"),
+      sync_bytes_(parent->sync_bytes_) {
+  TORCH_CHECK_VALUE(parent->comm_ != nullptr, "bcl: new_group from a group already shut down");
+  std::vector<int> ranks(members.begin(), members.end());
+  check(bclCommCreateGroup(parent->comm_, ranks.data(), static_cast<int>(ranks.size()), tag,
+                           &comm_, nullptr),
+        "new_group: bclCommCreateGroup");
+  int mine = -1;
+  check(bclCommUserRank(comm_, &mine), "new_group");
+  TORCH_CHECK(mine == rank, "bcl: new_group: torch ranks this process ", rank,
+              " in the group, BCL ", mine);
+  start();
+}
+
+void ProcessGroupBCL::start() {
   if (bclResult_t r = bclStreamCreate(&stream_); r != bclSuccess) {
     std::exception_ptr err = failure(r, "init: bclStreamCreate");
     bclCommDestroy(comm_);

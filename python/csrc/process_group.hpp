@@ -99,9 +99,18 @@ class ProcessGroupBCL : public c10d::Backend {
   // and every collective, as the group's timeout does for Gloo.
   ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout);
+  // A member of a group of `parent`'s ranks `members` (torch's new_group, which calls its
+  // backend on the members only), made by them alone from the parent's communicator
+  // (bclCommCreateGroup): no store rendezvous, no new connections to set up through it. It
+  // has the parent's settings. `tag` is the same on every member (from torch's group name).
+  ProcessGroupBCL(const c10::intrusive_ptr<ProcessGroupBCL>& parent,
+                  const std::vector<int64_t>& members, int rank, int tag);
   ~ProcessGroupBCL() override;
 
   const std::string getBackendName() const override { return "bcl"; }
+  // How this group's communicator was made: "store" (a unique id through torch's store) or
+  // "group" (bclCommCreateGroup from the world's).
+  const std::string& origin() const { return origin_; }
   bool supportsCoalescing() const override { return true; }
   void shutdown() override;
   void abort() override;
@@ -159,6 +168,7 @@ class ProcessGroupBCL : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> run(c10d::OpType type, const std::string& what, Step&& step,
                                      std::vector<at::Tensor> result);
+  void start();  // the host stream and completer of a new communicator
   // A work that completed before it was returned.
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> result);
   void drain();  // wait for everything queued (before a blocking send or receive)
@@ -168,6 +178,7 @@ class ProcessGroupBCL : public c10d::Backend {
                                            std::function<void()> after,
                                            std::vector<at::Tensor> result);
 
+  std::string origin_;
   bclComm_t comm_ = nullptr;
   bclStream_t stream_ = nullptr;
   size_t sync_bytes_;

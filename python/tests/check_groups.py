@@ -1,7 +1,7 @@
 """One rank of `torchrun --nproc-per-node 4 python/tests/check_groups.py`: subgroups of the
-"bcl" backend: `new_group` of 2 of the 4 ranks, and a 2 x 2 grid (rows and columns, as tensor-
-and data-parallel groups) with collectives in both families in flight at once, checked.
-Prints "rank R OK"."""
+"bcl" backend: `new_group` of 2 of the 4 ranks (made by its members alone from the world's
+communicator), and a 2 x 2 grid (rows and columns, as tensor- and data-parallel groups) with
+collectives in both families in flight at once, checked. Prints "rank R OK"."""
 import sys
 
 import torch
@@ -15,6 +15,11 @@ assert n == 4, "run with 4 ranks"
 failures = []
 
 pair = dist.new_group([1, 2], backend="bcl")
+# Made by the members from the world's communicator (bclCommCreateGroup), not the store.
+if rank in (1, 2):
+    origin = pair._get_backend(torch.device("cpu")).origin
+    if origin != "group":
+        failures.append(f"the pair's communicator came from the {origin}")
 if rank in (1, 2):
     t = torch.tensor([float(rank)])
     dist.all_reduce(t, group=pair)

@@ -1,6 +1,6 @@
 //! `Communicator::split`: a 4 × 4 grid of 16 ranks (rows: tensor parallel, columns: data
 //! parallel) running collectives in both families at once, a split of a split, ranks that
-//! take no part, and bad colors. Ranks are threads here (in-process and shared-memory
+//! take no part, and bad colors; groups made by their members alone (`create_group`). Ranks are threads here (in-process and shared-memory
 //! transports); `lifecycle.rs` splits real processes.
 
 use bcl_core::{CommConfig, Communicator, ReduceOp, TransportKind};
@@ -129,6 +129,86 @@ fn nocolor_ranks_get_no_communicator_and_the_rest_carry_on() {
         size
     });
     assert_eq!(got, vec![Some(3), None, Some(3), None, Some(3)]);
+}
+
+/// `create_group`: called by the members alone (MPI_Comm_create_group, as torch's new_group
+/// calls its backend): two disjoint groups made at once, one of them twice.
+fn groups_of_members_alone(transport: TransportKind) {
+    let comms = threads(6, transport);
+    let got = each(&comms, |c| {
+        let r = c.rank();
+        // New ranks follow the list: 4, 1, 3 become 0, 1, 2.
+        let members: &[usize] = if [1, 3, 4].contains(&r) {
+            &[4, 1, 3]
+        } else {
+            &[0, 2, 5]
+        };
+        let g = c.create_group(members, 7).expect("create_group");
+        assert_eq!(g.world_size(), 3);
+        assert_eq!(
+            g.rank(),
+            members.iter().position(|&m| m == r).expect("member")
+        );
+        let mut seen = vec![0u32; 3];
+        g.all_gather(&[r as u32], &mut seen)
+            .expect("group allgather");
+        let want: Vec<u32> = members.iter().map(|&m| m as u32).collect();
+        assert_eq!(seen, want, "rank {r}: the group's order");
+        // The same membership again: a second, separate communicator.
+        let again = c.create_group(members, 7).expect("the same group again");
+        let mut x = [r as u64; 5];
+        again
+            .all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .expect("allreduce");
+        let mut y = [1u64; 5];
+        g.all_reduce_in_place(&mut y, ReduceOp::Sum)
+            .expect("allreduce");
+        // The parent still works, with every rank.
+        let mut z = [1u32; 2];
+        c.all_reduce_in_place(&mut z, ReduceOp::Sum)
+            .expect("parent allreduce");
+        assert_eq!(z, [6; 2]);
+        (x[0], y[0])
+    });
+    let sum = |m: &[u64]| m.iter().sum::<u64>();
+    for (r, &(x, y)) in got.iter().enumerate() {
+        let want = if [1, 3, 4].contains(&r) {
+            sum(&[4, 1, 3])
+        } else {
+            sum(&[0, 2, 5])
+        };
+        assert_eq!((x, y), (want, 3), "rank {r}");
+    }
+}
+
+#[test]
+fn members_alone_make_groups_in_process() {
+    groups_of_members_alone(TransportKind::Auto);
+}
+
+#[test]
+fn members_alone_make_groups_over_shared_memory() {
+    groups_of_members_alone(TransportKind::Shm);
+}
+
+#[test]
+fn a_group_with_a_bad_member_list_is_refused_at_once() {
+    let comms = threads(3, TransportKind::Auto);
+    let errs = each(&comms, |c| {
+        let list: &[usize] = match c.rank() {
+            0 => &[1, 2],    // not a member itself
+            1 => &[1, 1],    // twice
+            _ => &[2, 3, 0], // 3 is beyond the world
+        };
+        c.create_group(list, 0).expect_err("refused").to_string()
+    });
+    assert!(
+        errs[0].contains("rank 0 called it but is not among"),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[1].contains("rank 1 is listed twice"), "{}", errs[1]);
+    assert!(errs[2].contains("member 3 is not a rank"), "{}", errs[2]);
 }
 
 #[test]

@@ -438,6 +438,7 @@ pub(super) fn finish(
             secret,
             custom_transport,
             children: AtomicU64::new(0),
+            groups: Default::default(),
         },
     });
     start_progress(shared)

@@ -21,6 +21,7 @@ mod checks;
 mod child;
 mod device;
 mod errors;
+mod group;
 mod grow;
 mod host;
 mod host_async;
@@ -90,6 +91,8 @@ struct Lineage {
     /// The transport was passed in: BCL cannot open another endpoint of it for a child.
     custom_transport: bool,
     children: AtomicU64,
+    /// Groups made by `create_group` (members only), by membership: how many of each.
+    groups: parking_lot::Mutex<std::collections::BTreeMap<Vec<u32>, u64>>,
 }
 
 impl Shared {

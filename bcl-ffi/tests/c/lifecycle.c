@@ -1,5 +1,6 @@
 /* The recovery loop in C, one rank of 4 processes (BCL_RANK, BCL_WORLD_SIZE, BCL_UNIQUE_ID):
- * split by parity (rank 3 takes no part: NULL); rank 3 then dies without a word; the others'
+ * split by parity (rank 3 takes no part: NULL); ranks 3 and 1 make a group by themselves
+ * (bclCommCreateGroup: 0 and 2 do not call, and their bad calls are refused); rank 3 then dies without a word; the others'
  * allreduce fails, they shrink with BCL_SHRINK_FAILED and the next allreduce on 3 is correct;
  * rank 0 revokes the shrunk communicator and the survivors shrink it again, excluding no one.
  * Exit 0 and "rank R OK" on success. */
@@ -27,7 +28,7 @@ static int allreduce_ones(bclComm_t comm, bclResult_t* result) {
 }
 
 int main(void) {
-  bclComm_t comm, half, shrunk, again;
+  bclComm_t comm, half, shrunk, again, pair = NULL;
   bclResult_t r;
   int rank, n;
   CHECK(bclCommInitFromEnv(&comm));
@@ -35,6 +36,23 @@ int main(void) {
 
   /* Split: ranks 0 and 2 (color 0), rank 1 (color 1), rank 3 in none. */
   CHECK(bclCommSplit(comm, rank == 3 ? BCL_SPLIT_NOCOLOR : rank % 2, -rank, &half, NULL));
+  /* A group of its members alone: ranks 3 and 1 become 0 and 1 of it. */
+  if (rank == 1 || rank == 3) {
+    const int members[2] = {3, 1};
+    int me;
+    CHECK(bclCommCreateGroup(comm, members, 2, 0, &pair, NULL));
+    CHECK(bclCommUserRank(pair, &me));
+    EXPECT(me == (rank == 3 ? 0 : 1), "rank %d: rank %d in the group\n", rank, me);
+    EXPECT(allreduce_ones(pair, &r), "rank %d: allreduce on the group: %d\n", rank, r);
+  } else {
+    const int others[2] = {1, 3};
+    EXPECT(bclCommCreateGroup(comm, others, 2, 0, &again, NULL) == bclInvalidArgument,
+           "rank %d: a group without the caller accepted\n", rank);
+    EXPECT(strstr(bclGetLastError(NULL), "not among the members") != NULL, "rank %d: %s\n", rank,
+           bclGetLastError(NULL));
+    EXPECT(bclCommCreateGroup(comm, NULL, 2, 0, &again, NULL) == bclInvalidArgument,
+           "rank %d: NULL ranks accepted\n", rank);
+  }
   if (rank == 3) {
     EXPECT(half == NULL, "rank 3: NOCOLOR should give NULL\n");
     printf("rank 3 OK\n");
@@ -73,6 +91,7 @@ int main(void) {
   CHECK(bclCommDestroy(shrunk));
   CHECK(bclCommDestroy(again));
   CHECK(bclCommDestroy(half));
+  if (pair != NULL) CHECK(bclCommDestroy(pair)); /* its other member, rank 3, is dead */
   printf("rank %d OK\n", rank);
   return 0;
 }

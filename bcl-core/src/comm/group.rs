@@ -192,22 +192,28 @@ mod tests {
 
     #[test]
     fn members_are_checked() {
-        assert_eq!(check_members(&[3, 1], 1, 4).unwrap(), 1);
+        assert_eq!(check_members(&[3, 1], 1, 4).expect("a member"), 1);
         assert!(matches!(
             check_members(&[], 0, 4),
             Err(Error::InvalidArgument(_))
         ));
-        let e = check_members(&[1, 1], 1, 4).unwrap_err().to_string();
+        let e = check_members(&[1, 1], 1, 4)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("rank 1 is listed twice"), "{e}");
-        let e = check_members(&[1, 9], 1, 4).unwrap_err().to_string();
+        let e = check_members(&[1, 9], 1, 4)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("member 9"), "{e}");
-        let e = check_members(&[2, 3], 1, 4).unwrap_err().to_string();
+        let e = check_members(&[2, 3], 1, 4)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("rank 1 called it but is not among"), "{e}");
     }
 
     #[test]
     fn record_lengths_are_bounded() {
-        assert_eq!(total_of(&[10, FAILED, 20], 0).unwrap(), 30);
+        assert_eq!(total_of(&[10, FAILED, 20], 0).expect("in bounds"), 30);
         assert!(total_of(&[u64::MAX - 1], 0).is_err());
         assert!(total_of(&[(MAX_RECORD + 1) as u64], 0).is_err());
     }

@@ -41,7 +41,7 @@ setup(
     ext_modules=[
         CppExtension(
             "bcl._C",
-            ["csrc/module.cpp", "csrc/process_group.cpp", "csrc/work.cpp"],
+            ["csrc/module.cpp", "csrc/process_group.cpp", "csrc/p2p.cpp", "csrc/work.cpp"],
             include_dirs=[str(WORKSPACE / "include")],
             library_dirs=[str(LIBRARY.parent)],
             libraries=["bcl"],

@@ -3,6 +3,7 @@
 // what to copy back afterwards) and handed to `run`, so coalesced forms are the plain ones
 // merged into one Work.
 #include "process_group.hpp"
+#include "tensors.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -12,49 +13,7 @@
 
 namespace bcl_torch {
 
-using Launch = std::function<bclResult_t(bclStream_t)>;
-
-// What one operation is made of: the BCL calls (each given the stream to queue on, or null
-// to run at once), the tensors they use, what to copy back once they are done.
-struct Step {
-  std::vector<Launch> launches;
-  std::vector<at::Tensor> keep;
-  std::vector<std::function<void()>> after;
-  size_t bytes = 0;
-
-  void merge(Step&& other) {
-    for (auto& l : other.launches) launches.push_back(std::move(l));
-    for (auto& t : other.keep) keep.push_back(std::move(t));
-    for (auto& a : other.after) after.push_back(std::move(a));
-    bytes += other.bytes;
-  }
-  std::function<void()> afterwards() {
-    if (after.empty()) return nullptr;
-    return [after = std::move(after)] {
-      for (const auto& a : after) a();
-    };
-  }
-};
-
 namespace {
-
-bclDataType_t dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kChar: return bclInt8;
-    case at::kByte: return bclUint8;
-    case at::kBool: return bclUint8;
-    case at::kInt: return bclInt32;
-    case at::kUInt32: return bclUint32;
-    case at::kLong: return bclInt64;
-    case at::kUInt64: return bclUint64;
-    case at::kHalf: return bclFloat16;
-    case at::kFloat: return bclFloat32;
-    case at::kDouble: return bclFloat64;
-    case at::kBFloat16: return bclBfloat16;
-    default:
-      TORCH_CHECK_TYPE(false, "bcl: tensors of ", t.scalar_type(), " are not supported");
-  }
-}
 
 // BCL's op for torch's on `t`. PREMUL_SUM arrives here as SUM (its factor is applied first,
 // by `premultiplied`); on bool, sum is or and product is and, as Gloo and NCCL take them.
@@ -83,25 +42,6 @@ at::Tensor premultiplied(const c10d::ReduceOp& op, const at::Tensor& t) {
   TORCH_CHECK_VALUE(factor != nullptr, "bcl: PREMUL_SUM without its factor");
   if (factor->tensor_factor.defined()) return t.mul(factor->tensor_factor.to(t.device()));
   return t.mul(factor->double_factor);
-}
-
-void host_only(const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "bcl: only cpu tensors are supported here, got one on ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "bcl: only dense tensors are supported");
-}
-
-size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
-void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
-size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
-
-// A contiguous view of `t`, or a copy and the step that brings results back into `t`.
-at::Tensor flat_into(const at::Tensor& t, Step& step) {
-  if (t.is_contiguous()) return t;
-  at::Tensor c = t.contiguous();
-  step.after.push_back([t, c]() mutable { t.copy_(c); });
-  step.keep.push_back(t);
-  return c;
 }
 
 void same(const at::Tensor& big, const at::Tensor& small, int64_t elems, const char* what) {
@@ -197,6 +137,7 @@ ProcessGroupBCL::~ProcessGroupBCL() { shutdown(); }
 
 void ProcessGroupBCL::shutdown() {
   if (comm_ == nullptr) return;
+  recvs_->cancel_all("the group was shut down before this receive was waited on");
   bclStreamSynchronize(stream_);
   completer_.reset();  // finishes what was queued, then joins
   bclStreamDestroy(stream_);
@@ -706,62 +647,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::barrier(const c10d::BarrierOptio
   bclComm_t comm = comm_;
   step.launches.push_back([comm](bclStream_t s) { return bclBarrier(comm, s); });
   return run(c10d::OpType::BARRIER, "barrier", std::move(step), {});
-}
-
-// ------------------------------------------------------------------ point to point
-
-// Sends and receives run on the caller's thread (BCL's host streams carry collectives),
-// after what is queued; between startCoalescing and endCoalescing (batch_isend_irecv) they
-// are one BCL group, run together at its end, so exchanges in any order cannot deadlock.
-void ProcessGroupBCL::drain() { check(bclStreamSynchronize(stream_), "waiting for queued work"); }
-
-void ProcessGroupBCL::startCoalescing() {
-  drain();
-  check(bclGroupStart(), "batch_isend_irecv: bclGroupStart");
-  coalescing_ = true;
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::endCoalescing() {
-  coalescing_ = false;
-  auto after = std::move(coalesced_after_);
-  auto keep = std::move(coalesced_keep_);
-  coalesced_after_.clear();
-  coalesced_keep_.clear();
-  check(bclGroupEnd(), "batch_isend_irecv");
-  for (const auto& a : after) a();
-  return done(c10d::OpType::COALESCED, {});
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& tensors, int dst,
-                                                     int) {
-  if (!coalescing_) drain();
-  for (const auto& t : tensors) {
-    host_only(t);
-    at::Tensor c = t.contiguous();
-    if (coalescing_) coalesced_keep_.push_back(c);  // sent at the group's end
-    check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr),
-          "send to rank " + std::to_string(dst));
-  }
-  return done(c10d::OpType::SEND, tensors);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& tensors, int src,
-                                                     int) {
-  if (!coalescing_) drain();
-  for (const auto& t : tensors) {
-    host_only(t);
-    Step step;
-    at::Tensor c = flat_into(t, step);
-    check(bclRecv(ptr(c), count(c), dtype_of(t), src, comm_, nullptr),
-          "recv from rank " + std::to_string(src));
-    if (coalescing_) {
-      coalesced_keep_.push_back(c);
-      if (auto back = step.afterwards()) coalesced_after_.push_back(std::move(back));
-    } else if (auto back = step.afterwards()) {
-      back();
-    }
-  }
-  return done(c10d::OpType::RECV, tensors);
 }
 
 }  // namespace bcl_torch

@@ -75,6 +75,62 @@ class WorkBCL : public c10d::Work {
   std::shared_ptr<Pending> pending_;
 };
 
+// A receive issued by irecv, run when its Work is waited on: BCL's sends never wait for the
+// receiver, so a receive can wait for its data at the moment the caller needs it, and the
+// caller's later sends (irecv, then send: a pipeline's exchange) are not held up behind it,
+// as they would be on the host stream. Receives run in the order they were issued, so each
+// matches the peer's sends in order, as torch promises.
+class DeferredRecv {
+ public:
+  DeferredRecv(std::string what, std::function<bclResult_t()> call, std::function<void()> after,
+               std::vector<at::Tensor> result);
+  void run();  // the receive, its copy back, its future (once)
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  std::exception_ptr error() const { return error_; }  // read after done()
+  void cancel(const std::string& why);
+  const std::vector<at::Tensor>& result() const { return result_; }
+  const c10::intrusive_ptr<c10::ivalue::Future>& future() const { return future_; }
+
+ private:
+  std::string what_;
+  std::function<bclResult_t()> call_;
+  std::function<void()> after_;
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
+
+class RecvQueue {
+ public:
+  void push(std::shared_ptr<DeferredRecv> recv);
+  // Run the receives issued up to and including `upto` (all of them: null), in order.
+  void run_through(const DeferredRecv* upto);
+  void cancel_all(const std::string& why);
+
+ private:
+  std::mutex mu_;
+  std::deque<std::shared_ptr<DeferredRecv>> queue_;
+};
+
+class WorkRecv : public c10d::Work {
+ public:
+  WorkRecv(std::shared_ptr<RecvQueue> queue, std::shared_ptr<DeferredRecv> recv, int rank);
+  bool isCompleted() override { return recv_->done(); }
+  bool isSuccess() const override { return recv_->done() && recv_->error() == nullptr; }
+  std::exception_ptr exception() const override {
+    return recv_->done() ? recv_->error() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return recv_->result(); }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override { wait(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return recv_->future(); }
+
+ private:
+  std::shared_ptr<RecvQueue> queue_;
+  std::shared_ptr<DeferredRecv> recv_;
+};
+
 // Finishes queued operations in order on its own thread, so their futures complete (and
 // DDP's hooks run) without anyone waiting on them.
 class Completer {
@@ -188,6 +244,7 @@ class ProcessGroupBCL : public c10d::Backend {
   std::vector<std::function<void()>> coalesced_after_;
   std::vector<at::Tensor> coalesced_keep_;
   std::unique_ptr<Completer> completer_;
+  std::shared_ptr<RecvQueue> recvs_ = std::make_shared<RecvQueue>();
 };
 
 }  // namespace bcl_torch

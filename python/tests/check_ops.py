@@ -263,6 +263,34 @@ if n > 1:
         got = torch.zeros(5, dtype=torch.int64)
         dist.recv(got, src=0)
         same("send/recv", got, torch.arange(5, dtype=torch.int64))
+# irecv, then send, on both sides of a pair (a pipeline's exchange): the receive waits for its
+# data when waited on, so neither send is held up behind it. Two receives from one peer,
+# waited in reverse order, still match the sends in order.
+if n > 1 and rank < 2:
+    peer = 1 - rank
+    got = torch.zeros(1 << 20)
+    w = dist.irecv(got, src=peer)
+    dist.send(torch.full((1 << 20,), float(rank)), dst=peer)
+    w.wait()
+    same("irecv then send", got, torch.full((1 << 20,), float(peer)))
+    a, b = torch.zeros(3), torch.zeros(3)
+    wa, wb = dist.irecv(a, src=peer), dist.irecv(b, src=peer)
+    dist.isend(torch.full((3,), 10.0 + rank), dst=peer).wait()
+    dist.isend(torch.full((3,), 20.0 + rank), dst=peer).wait()
+    wb.wait()
+    if not wa.is_completed():
+        failures.append("the earlier irecv did not complete before the later one")
+    wa.wait()
+    same("first of two irecvs", a, torch.full((3,), 10.0 + peer))
+    same("second of two irecvs", b, torch.full((3,), 20.0 + peer))
+    fut = dist.irecv(a, src=peer).get_future()
+    dist.send(torch.full((3,), 30.0 + rank), dst=peer)
+    dist.send(torch.full((3,), 40.0 + rank), dst=peer)
+    dist.irecv(b, src=peer).wait()  # runs the earlier receive first, completing its future
+    if not fut.done():
+        failures.append("an irecv's future did not complete when a later receive ran")
+    same("an irecv waited through its future", fut.wait()[0], torch.full((3,), 30.0 + peer))
+    same("the receive after it", b, torch.full((3,), 40.0 + peer))
 # batch_isend_irecv: a ring exchange of 16 MiB each way (a BCL group: no order deadlocks).
 for numel in (10, 1 << 22):
     out = torch.full((numel,), float(rank))

@@ -1,0 +1,157 @@
+// Point to point in the "bcl" backend. Sends run at once on the caller's thread (BCL's sends
+// never wait for the receiver); receives run when their Work is waited on (DeferredRecv);
+// between startCoalescing and endCoalescing (batch_isend_irecv) both are one BCL group, run
+// together at its end, so exchanges in any order cannot deadlock.
+#include <c10/util/Exception.h>
+
+#include "process_group.hpp"
+#include "tensors.hpp"
+
+namespace bcl_torch {
+
+namespace {
+c10::intrusive_ptr<c10::ivalue::Future> new_future() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+}  // namespace
+
+DeferredRecv::DeferredRecv(std::string what, std::function<bclResult_t()> call,
+                           std::function<void()> after, std::vector<at::Tensor> result)
+    : what_(std::move(what)),
+      call_(std::move(call)),
+      after_(std::move(after)),
+      result_(std::move(result)),
+      future_(new_future()) {}
+
+void DeferredRecv::run() {
+  if (done()) return;
+  bclResult_t code = call_();
+  std::exception_ptr err = code == bclSuccess ? nullptr : failure(code, what_);
+  if (err == nullptr && after_) {
+    try {
+      after_();
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  error_ = err;
+  call_ = nullptr;
+  after_ = nullptr;
+  done_.store(true, std::memory_order_release);
+  if (err != nullptr) {
+    future_->setError(err);
+  } else {
+    future_->markCompleted(c10::IValue(result_));
+  }
+}
+
+void DeferredRecv::cancel(const std::string& why) {
+  if (done()) return;
+  error_ = std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, __LINE__}, "bcl: " + what_ + ": " + why));
+  call_ = nullptr;
+  after_ = nullptr;
+  done_.store(true, std::memory_order_release);
+  future_->setError(error_);
+}
+
+void RecvQueue::push(std::shared_ptr<DeferredRecv> recv) {
+  std::lock_guard<std::mutex> guard(mu_);
+  queue_.push_back(std::move(recv));
+}
+
+void RecvQueue::run_through(const DeferredRecv* upto) {
+  std::lock_guard<std::mutex> guard(mu_);
+  while (!queue_.empty()) {
+    std::shared_ptr<DeferredRecv> next = queue_.front();
+    queue_.pop_front();
+    next->run();
+    if (next.get() == upto) return;
+  }
+}
+
+void RecvQueue::cancel_all(const std::string& why) {
+  std::lock_guard<std::mutex> guard(mu_);
+  for (auto& r : queue_) r->cancel(why);
+  queue_.clear();
+}
+
+WorkRecv::WorkRecv(std::shared_ptr<RecvQueue> queue, std::shared_ptr<DeferredRecv> recv, int rank)
+    : c10d::Work(rank, c10d::OpType::RECV), queue_(std::move(queue)), recv_(std::move(recv)) {}
+
+bool WorkRecv::wait(std::chrono::milliseconds /*timeout: BCL's own bounds the receive*/) {
+  queue_->run_through(recv_.get());
+  if (std::exception_ptr err = recv_->error()) std::rethrow_exception(err);
+  return true;
+}
+
+void ProcessGroupBCL::drain() { check(bclStreamSynchronize(stream_), "waiting for queued work"); }
+
+void ProcessGroupBCL::startCoalescing() {
+  drain();
+  // Receives issued before the batch match the peers' sends before the batch's.
+  recvs_->run_through(nullptr);
+  check(bclGroupStart(), "batch_isend_irecv: bclGroupStart");
+  coalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::endCoalescing() {
+  coalescing_ = false;
+  auto after = std::move(coalesced_after_);
+  auto keep = std::move(coalesced_keep_);
+  coalesced_after_.clear();
+  coalesced_keep_.clear();
+  check(bclGroupEnd(), "batch_isend_irecv");
+  for (const auto& a : after) a();
+  return done(c10d::OpType::COALESCED, {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& tensors, int dst,
+                                                     int) {
+  if (!coalescing_) drain();
+  for (const auto& t : tensors) {
+    host_only(t);
+    at::Tensor c = t.contiguous();
+    if (coalescing_) coalesced_keep_.push_back(c);  // sent at the group's end
+    check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr),
+          "send to rank " + std::to_string(dst));
+  }
+  return done(c10d::OpType::SEND, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& tensors, int src,
+                                                     int) {
+  for (const auto& t : tensors) {
+    host_only(t);
+    dtype_of(t);
+  }
+  const std::string what = "recv from rank " + std::to_string(src);
+  if (coalescing_) {
+    for (const auto& t : tensors) {
+      Step step;
+      at::Tensor c = flat_into(t, step);
+      check(bclRecv(ptr(c), count(c), dtype_of(t), src, comm_, nullptr), what);
+      coalesced_keep_.push_back(c);
+      if (auto back = step.afterwards()) coalesced_after_.push_back(std::move(back));
+    }
+    return done(c10d::OpType::RECV, tensors);
+  }
+  Step step;
+  std::vector<at::Tensor> bufs;
+  for (const auto& t : tensors) bufs.push_back(flat_into(t, step));
+  bclComm_t comm = comm_;
+  std::vector<at::Tensor> ts = tensors;
+  // A blocking call: BCL runs it after the collectives queued on the communicator before it.
+  auto call = [comm, bufs, ts, src]() {
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      bclResult_t r = bclRecv(ptr(bufs[i]), count(bufs[i]), dtype_of(ts[i]), src, comm, nullptr);
+      if (r != bclSuccess) return r;
+    }
+    return bclSuccess;
+  };
+  auto recv = std::make_shared<DeferredRecv>(what, call, step.afterwards(), tensors);
+  recvs_->push(recv);
+  return c10::make_intrusive<WorkRecv>(recvs_, std::move(recv), rank_);
+}
+
+}  // namespace bcl_torch

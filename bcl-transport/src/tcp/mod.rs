@@ -399,7 +399,7 @@ impl Transport for TcpTransport {
             .peers
             .get_mut(&peer)
             .ok_or(TransportError::UnknownPeer { peer })?;
-        if p.closed || p.conns.is_empty() {
+        if p.conns.is_empty() {
             return Err(TransportError::PeerClosed {
                 peer,
                 addr: p.addr.clone(),
@@ -421,6 +421,13 @@ impl Transport for TcpTransport {
             .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
         // One tag, one socket: its messages arrive in order (the Transport contract).
         let conn = &mut p.conns[(tag % width as u64) as usize];
+        if conn.closed {
+            self.pool.push(buf);
+            return Err(TransportError::PeerClosed {
+                peer,
+                addr: p.addr.clone(),
+            });
+        }
         let header = encode_header(tag, data.len() as u32);
         // An idle socket takes what it can straight from the caller's bytes; only the part it
         // did not take is copied into a transport-owned buffer.
@@ -591,7 +598,11 @@ impl Transport for TcpTransport {
                     }
                 }
             }
-            p.closed = p.conns.iter().any(|c| c.closed);
+            // Gone only once every socket has ended: each one's bytes come before its own
+            // end, but a peer that sent its last messages and left closes them all at once,
+            // and one socket's end may be read before another's last frames (a long frame's
+            // payload still waiting in its socket, or packets that arrived later).
+            p.closed = p.conns.iter().all(|c| c.closed);
             p.queued = p.conns.iter().map(queued_bytes).sum();
         }
         Ok(moved)
@@ -641,13 +652,16 @@ impl Transport for TcpTransport {
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.closed) && !self.inbox.holds_from(peer)
+        self.peers
+            .get(&peer)
+            .is_some_and(|p| p.closed && p.conns.iter().all(|c| c.held.is_none()))
+            && !self.inbox.holds_from(peer)
     }
 
     fn flushed(&self) -> bool {
         self.peers
             .values()
-            .all(|p| p.closed || p.conns.iter().all(|c| c.out.is_empty()))
+            .all(|p| p.conns.iter().all(|c| c.closed || c.out.is_empty()))
     }
 }
 

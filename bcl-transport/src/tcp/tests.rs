@@ -79,3 +79,60 @@ fn a_full_queue_says_not_now_and_takes_the_frame_once_it_drains() {
     assert!(a.try_send(1, 4, &vec![4u8; 1 << 20]).expect("send"));
     receive_all(&mut b, &mut a, 4..5);
 }
+
+/// A peer that sends its last frame and leaves closes every socket at once, and one socket's
+/// end can be read while another still holds that frame (a long one's payload waits in its
+/// socket for the caller). The peer is not lost while the frame is there, and it is received
+/// whole; once every socket has ended and nothing is left, it is.
+#[test]
+fn a_peer_that_leaves_after_its_last_frame_is_lost_only_once_the_frame_is_read() {
+    let endpoint = || {
+        let mut c = TcpConfig::new(Secret([6; 16]));
+        c.sockets_per_peer = 2;
+        TcpTransport::bind(c).expect("bind")
+    };
+    let (mut a, mut b) = (endpoint(), endpoint());
+    crate::testing::connect_pair(&mut a, &mut b);
+    // Tag 1 travels on the second socket; the first carries nothing but its end.
+    let long: Vec<u8> = (0..256 << 10).map(|i| (i % 251) as u8).collect();
+    assert!(a.try_send(1, 1, &long).expect("send"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.flushed() {
+        a.progress().expect("sender progress");
+        assert!(Instant::now() < deadline, "the frame never left");
+    }
+    drop(a);
+    // Both ends and the frame are in b's sockets now (loopback); wait for the first end.
+    while !b.peers[&0].conns[0].closed {
+        b.progress().expect("receiver progress");
+        assert!(
+            Instant::now() < deadline,
+            "the first socket's end never came"
+        );
+    }
+    assert!(
+        !b.peer_lost(0),
+        "one socket ended, but the frame on the other is unread: the peer is not lost yet"
+    );
+    let mut dest = vec![0u8; long.len()];
+    loop {
+        match b.try_recv_into(0, 1, &mut dest).expect("the last frame") {
+            Landing::Filled(_) => break,
+            Landing::Pending => b.progress().expect("receiver progress"),
+            Landing::WrongLength(n) => panic!("a frame of {n} bytes"),
+        };
+        assert!(Instant::now() < deadline, "the last frame never came whole");
+    }
+    assert!(dest == long, "the last frame arrived changed");
+    while !b.peer_lost(0) {
+        b.progress().expect("receiver progress");
+        assert!(
+            Instant::now() < deadline,
+            "the peer is gone but never reported lost"
+        );
+    }
+    assert!(matches!(
+        b.try_recv(0, 2),
+        Err(TransportError::PeerClosed { peer: 0, .. })
+    ));
+}

@@ -105,12 +105,8 @@ fn main() -> ExitCode {
             return fail(comm.rank(), &e);
         }
     }
-    // Leave together, as an application's last step would: a rank that destroys its
-    // communicator while a peer still finishes the last allreduce can, over tcp, be taken
-    // for dead by that peer (seen 1 in 12 runs; an open bug, not what these tests are about).
-    if let Err(e) = comm.barrier() {
-        return fail(comm.rank(), &e);
-    }
+    // No barrier before leaving: a rank that destroys its communicator right after the
+    // last allreduce must not be taken for dead by a peer still finishing it.
     say("done");
     ExitCode::SUCCESS
 }

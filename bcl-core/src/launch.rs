@@ -99,6 +99,18 @@ impl Launch {
         };
         let rank = number(rank_var, &get(rank_var).unwrap_or_default())?;
         let world = number(world_var, &get(world_var).unwrap_or_default())?;
+        if world == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{world_var}=0 ({launcher}): a job needs at least one rank"
+            )));
+        }
+        if rank >= world {
+            return Err(Error::InvalidArgument(format!(
+                "{rank_var}={rank} is not a rank of {world_var}={world} ({launcher}): ranks go \
+                 from 0 to {}",
+                world - 1
+            )));
+        }
         let local_rank = get(local_var).map(|v| number(local_var, &v)).transpose()?;
         let rendezvous = rendezvous(get, world)?;
         Ok(Launch {
@@ -240,7 +252,8 @@ pub fn first_host(list: &str) -> Option<String> {
         .scan(0i32, |depth, (i, c)| {
             match c {
                 '[' => *depth += 1,
-                ']' => *depth -= 1,
+                // An unmatched ']' does not open a level below the top.
+                ']' => *depth = (*depth - 1).max(0),
                 _ => {}
             }
             Some((i, c, *depth))

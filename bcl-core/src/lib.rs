@@ -30,6 +30,8 @@ mod comm;
 pub mod config;
 mod error;
 mod exec;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod launch;
 mod links;

@@ -16,6 +16,8 @@ pub mod auth;
 #[cfg(test)]
 mod contract;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod keys;
 pub mod mem;
 mod poll;

@@ -65,3 +65,43 @@ fn tcp_store_and_its_handshake() {
     let c = TcpStore::connect(server.addr(), &secret, d).expect("server still serves");
     assert_eq!(c.try_get("rank/1").expect("get"), Some(b"hello".to_vec()));
 }
+
+/// A client that asks for a key with a long wait and then goes away (a rank killed during
+/// init) is not waited for: its connection is let go within a few checks, not at the end of
+/// its wait (up to an hour).
+#[test]
+fn a_client_that_left_while_waiting_for_a_key_is_let_go() {
+    use std::io::Write;
+    let secret = Secret([9; 16]);
+    let server =
+        TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("server");
+    let mut raw = std::net::TcpStream::connect(server.addr()).expect("connect");
+    bcl_transport::auth::exchange::client(&mut raw, &secret, b"bcl-store-v1").expect("handshake");
+    // Request::Get { key: "never", wait_ms: 3_600_000 } as postcard writes it: variant 1,
+    // the key's length and bytes, the wait as a varint.
+    let mut body = vec![1u8, 5];
+    body.extend_from_slice(b"never");
+    body.extend_from_slice(&[0x80, 0xdd, 0xdb, 0x01]);
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    raw.write_all(&frame).expect("request");
+    // The server is waiting for the key now: no answer comes.
+    raw.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut answer = [0u8; 16];
+    use std::io::Read;
+    assert!(
+        raw.read(&mut answer).is_err(),
+        "the server answered a request for a key nobody set"
+    );
+    assert_eq!(server.clients(), 1);
+    drop(raw);
+    let gone_by = Instant::now() + Duration::from_secs(3);
+    while server.clients() > 0 {
+        assert!(
+            Instant::now() < gone_by,
+            "the server still serves a client that left 3 s ago"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -230,7 +230,12 @@ impl Args {
             if self.step_factor <= 1 || s == 0 {
                 break;
             }
-            s *= self.step_factor;
+            // A size past usize::MAX ends the sweep (it once wrapped around: -e near the
+            // maximum with -f 3 grew the list until memory ran out).
+            match s.checked_mul(self.step_factor) {
+                Some(next) => s = next,
+                None => break,
+            }
         }
         sizes
     }

@@ -10,6 +10,8 @@
 
 pub mod args;
 pub mod buffers;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod launch;
 pub mod pattern;
 pub mod plot;

@@ -30,7 +30,12 @@ impl CommConfig {
             self.device_plugin = Some(v.into());
         }
         if let Some(v) = get("BCL_TRANSPORT") {
-            self.transport = TransportKind::parse(&v)?;
+            self.transport = TransportKind::parse(&v).map_err(|e| match e {
+                Error::InvalidArgument(why) => {
+                    Error::InvalidArgument(format!("BCL_TRANSPORT: {why}"))
+                }
+                other => other,
+            })?;
         }
         let count = |name: &str, limits: super::limits::Count| {
             get(name).map(|v| limits.parse(name, &v)).transpose()

@@ -29,7 +29,7 @@ mod service;
 pub mod slow;
 mod state;
 mod verdict;
-mod wire;
+pub(crate) mod wire;
 
 use recorder::FlightRecorder;
 use state::{Inner, OpLog};

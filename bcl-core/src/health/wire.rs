@@ -112,12 +112,22 @@ impl FrameReader {
         loop {
             match stream.read(&mut chunk) {
                 Ok(0) => return Ok(false),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Ok(n) => self.push(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Bytes that arrived.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// Bytes held that are not a whole message yet.
+    pub fn pending(&self) -> usize {
+        self.buffer.len()
     }
 
     /// The next complete message, if one has arrived. A malformed or oversized frame is an

@@ -22,6 +22,7 @@
 
 mod connect;
 mod ring;
+pub(crate) use ring::fuzz_consumer;
 mod sys;
 
 pub use connect::reclaim_stale;

@@ -460,3 +460,98 @@ impl Consumer {
             .store(1, Ordering::Release);
     }
 }
+
+/// The consumer facing a hostile producer, for the fuzz target `shm_ring`
+/// ([`crate::fuzzing::shm_ring`]): `ops` says what the producer writes into a fresh ring
+/// (any tail, any bytes anywhere in the data area, any header of the segment) and when the
+/// consumer looks. Whatever it writes, `peek` returns a record inside the ring or an error,
+/// and `inspect` a capacity that fits the segment or an error; nothing panics.
+pub(crate) fn fuzz_consumer(ops: &[u8]) {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    const CAPACITY: usize = 4096;
+    let name = format!(
+        "bcl.fuzz.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let (Ok(mine), Ok(Some(theirs))) = (
+        Segment::create(&name, DATA + CAPACITY),
+        Segment::open(&name),
+    ) else {
+        let _ = super::sys::unlink(&name);
+        return;
+    };
+    let _ = super::sys::unlink(&name);
+    let id = Identity {
+        producer_rank: 1,
+        consumer_rank: 0,
+        consumer_pid: std::process::id(),
+        proof: [0; 32],
+    };
+    initialize(&mine, CAPACITY, &id);
+    let mut consumer = Consumer::new(mine, CAPACITY);
+    let mut at = 0;
+    let mut take = |n: usize| {
+        let s = ops.get(at..at + n);
+        at += n;
+        s
+    };
+    while let Some(&[op]) = take(1) {
+        match op % 6 {
+            0 => {
+                let Some(b) = take(8) else { break };
+                let tail = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                theirs.atomic_u64(OFF_TAIL).store(tail, Ordering::Release);
+            }
+            1 => {
+                let Some(&[hi, lo, n]) = take(3) else { break };
+                let offset = usize::from(u16::from_le_bytes([hi, lo])) % CAPACITY;
+                let Some(bytes) = take(usize::from(n).min(CAPACITY - offset)) else {
+                    break;
+                };
+                // SAFETY: a test of what a hostile producer can do: it writes the data area
+                // whenever it likes; the consumer only copies from it (peek) or hands out a
+                // slice of it (bytes), which this loop drops before the next write.
+                unsafe { theirs.write(DATA + offset, bytes) };
+            }
+            2 => {
+                let Some(&[field, a, b, c, d]) = take(5) else {
+                    break;
+                };
+                // Any header word, as a producer that rewrites the creator's header would.
+                let offset = usize::from(field % 64) * 8;
+                let word = u32::from_le_bytes([a, b, c, d]);
+                // SAFETY: as above: the consumer reads the header only through `inspect`.
+                unsafe { theirs.write(offset, &u64::from(word).to_le_bytes()) };
+            }
+            3 => match consumer.peek() {
+                Ok(Some(record)) => {
+                    let bytes = consumer.bytes(&record);
+                    assert_eq!(bytes.len(), record.len, "a record's bytes are its length");
+                    assert!(
+                        record.start + record.len <= DATA + CAPACITY,
+                        "a record beyond the ring"
+                    );
+                    consumer.consume(&record);
+                }
+                Ok(None) => {}
+                Err(_) => break, // the link is failed: the transport drops the ring
+            },
+            4 => {
+                let _ = consumer.release();
+                let _ = consumer.in_use();
+                let _ = consumer.has_data();
+                let _ = consumer.producer();
+                if consumer.park() {
+                    consumer.unpark();
+                }
+            }
+            _ => {
+                if let Ok(Some((capacity, _))) = inspect(&theirs) {
+                    assert_eq!(DATA + capacity, theirs.len(), "inspect's capacity");
+                }
+            }
+        }
+    }
+}

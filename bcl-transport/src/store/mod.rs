@@ -8,6 +8,7 @@ mod tcp;
 
 pub use file::FileStore;
 pub use memory::MemoryStore;
+pub(crate) use tcp::AUTH_CONTEXT;
 pub use tcp::{TcpStore, TcpStoreServer};
 
 use std::time::Instant;

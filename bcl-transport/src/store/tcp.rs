@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const AUTH_CONTEXT: &[u8] = b"bcl-store-v1";
+pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-store-v1";
 const MAX_MESSAGE: usize = 16 << 20;
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
@@ -66,6 +66,7 @@ pub struct TcpStoreServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     table: Arc<Table>,
+    open: Connections,
     accept: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -92,21 +93,28 @@ impl TcpStoreServer {
             .map_err(|e| io("configuring", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(Table::default());
-        let (stop2, table2) = (stop.clone(), table.clone());
+        let open: Connections = Arc::default();
+        let (stop2, table2, open2) = (stop.clone(), table.clone(), open.clone());
         let accept = std::thread::Builder::new()
             .name("bcl-store".into())
-            .spawn(move || serve(listener, secret, table2, stop2))
+            .spawn(move || serve(listener, secret, table2, stop2, open2))
             .map_err(|e| io("starting the server thread", e))?;
         Ok(TcpStoreServer {
             addr,
             stop,
             table,
+            open,
             accept: Some(accept),
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Connections being served now (strangers still in the handshake included).
+    pub fn clients(&self) -> usize {
+        self.open.lock().len()
     }
 }
 
@@ -131,8 +139,13 @@ type Connections = Arc<Mutex<HashMap<u64, TcpStream>>>;
 
 /// Accept clients until stopped; then shut every connection down (which wakes its thread
 /// from any read) and wait for their threads.
-fn serve(listener: TcpListener, secret: Secret, table: Arc<Table>, stop: Arc<AtomicBool>) {
-    let open: Connections = Arc::default();
+fn serve(
+    listener: TcpListener,
+    secret: Secret,
+    table: Arc<Table>,
+    stop: Arc<AtomicBool>,
+    open: Connections,
+) {
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let mut next = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -225,17 +238,40 @@ fn serve_client(
                 let deadline = Instant::now() + Duration::from_millis(wait_ms.min(3_600_000));
                 let mut map = table.map.lock();
                 loop {
-                    if map.contains_key(&key)
-                        || stop.load(Ordering::Relaxed)
-                        || table.changed.wait_until(&mut map, deadline).timed_out()
-                    {
+                    let now = Instant::now();
+                    if map.contains_key(&key) || stop.load(Ordering::Relaxed) || now >= deadline {
                         break Reply::Value(map.get(&key).cloned());
+                    }
+                    table
+                        .changed
+                        .wait_until(&mut map, deadline.min(now + CLIENT_CHECK));
+                    // A client that went away stops being waited for (its thread would
+                    // otherwise wait out its deadline, up to an hour).
+                    if gone(&s) {
+                        return Ok(());
                     }
                 }
             }
         };
         write_message(&mut s, &reply)?;
     }
+}
+
+/// How often a request waiting for a key looks whether its client is still there.
+const CLIENT_CHECK: Duration = Duration::from_millis(200);
+
+/// Whether the peer of `s` closed the connection (without reading any of its bytes).
+fn gone(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut first = [0u8; 1];
+    let closed = match s.peek(&mut first) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    closed || s.set_nonblocking(false).is_err()
 }
 
 /// A client of a [`TcpStoreServer`].

@@ -16,6 +16,12 @@
 //!   rank 0 prints `health <json>` (the slow-node summary and the ring) on stdout. All ranks
 //!   stop after the same number of collectives (rank 0 decides, by broadcast).
 //!
+//! * `soak`: for `BCL_TEST_SECONDS` (rank 0 decides, by broadcast, so all stop together), a
+//!   loop of collectives whose every result is checked against its closed form: an allreduce
+//!   of 1, 1000 or 65536 f64 (cycling), an allgather, a broadcast. Prints `ready` after the
+//!   first round and `done N` at the end; a wrong result prints `rank R WRONG ...` on stderr
+//!   and exits 9.
+//!
 //! * `shm-orphan`: no communicator: a shm endpoint sets up its ring for a peer that never comes,
 //!   prints `ready` once the ring exists, and waits (to be killed).
 //!
@@ -72,9 +78,10 @@ fn main() -> ExitCode {
         "sleepy" => sleepy(&comm),
         "desync" => desync(&comm),
         "watch" => watch(&comm),
+        "soak" => soak(&comm),
         other => {
             eprintln!(
-                "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, shm-orphan)"
+                "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, soak, shm-orphan)"
             );
             return ExitCode::from(2);
         }
@@ -146,6 +153,55 @@ fn run_loop(comm: &Communicator) -> Result<(), ExitCode> {
         }
     }
     println!("done {iters}");
+    Ok(())
+}
+
+fn soak(comm: &Communicator) -> Result<(), ExitCode> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let seconds: f64 = var("BCL_TEST_SECONDS", 3.0);
+    let start = Instant::now();
+    let wrong = |what: String| {
+        eprintln!("rank {rank} WRONG {what}");
+        ExitCode::from(9)
+    };
+    let mut round = 0u64;
+    loop {
+        let mut go = [u8::from(start.elapsed().as_secs_f64() < seconds)];
+        checked(rank, || comm.broadcast_in_place(&mut go, 0))?;
+        if go[0] == 0 {
+            break;
+        }
+        let count = [1usize, 1000, 65536][(round % 3) as usize];
+        // Element j of rank r is (r + 1) * (round + j % 7): sums are exact in f64.
+        let value = |r: usize, j: usize| ((r + 1) as f64) * ((round + (j % 7) as u64) as f64);
+        let mut x: Vec<f64> = (0..count).map(|j| value(rank, j)).collect();
+        checked(rank, || comm.all_reduce_in_place(&mut x, ReduceOp::Sum))?;
+        if let Some(j) = (0..count).find(|&j| x[j] != (0..n).map(|r| value(r, j)).sum::<f64>()) {
+            return Err(wrong(format!(
+                "round {round}: allreduce element {j} is {}",
+                x[j]
+            )));
+        }
+        let mine = [rank as u64, round];
+        let mut all = vec![0u64; 2 * n];
+        checked(rank, || comm.all_gather(&mine, &mut all))?;
+        if (0..n).any(|r| all[2 * r] != r as u64 || all[2 * r + 1] != round) {
+            return Err(wrong(format!("round {round}: allgather gave {all:?}")));
+        }
+        let root = (round as usize) % n;
+        let mut b = [if rank == root { round * 31 + 7 } else { 0 }; 9];
+        checked(rank, || comm.broadcast_in_place(&mut b, root))?;
+        if b.iter().any(|&v| v != round * 31 + 7) {
+            return Err(wrong(format!(
+                "round {round}: broadcast from {root} gave {b:?}"
+            )));
+        }
+        if round == 0 {
+            ready();
+        }
+        round += 1;
+    }
+    println!("done {round}");
     Ok(())
 }
 

@@ -1,0 +1,426 @@
+//! The chaos soak (`scripts/chaos.sh`): jobs of 4 `bcl-rank` processes running the `soak`
+//! scenario (collectives whose every result is checked), each hit by one fault at a random
+//! moment, and per fault class: how often the culprit and cause were named right, how long
+//! the verdict took, false verdicts, wrong results, jobs that hung, and `/dev/shm` names left
+//! behind. Exit 1 when any false verdict, wrong result, hang, leftover or missed verdict
+//! occurred.
+//!
+//! Usage: `bcl-chaos TRIALS [CLASS...]`; classes: kill (SIGKILL), stop-short (SIGSTOP 0.5 s,
+//! below the 2 s hang timeout: no verdict may come), stop-long (SIGSTOP 5 s: the rank must be
+//! named unresponsive), stranger (every listening port of a rank gets garbage and a replayed
+//! handshake hello, several times: no verdict), cpu-hog (two busy processes for 1.5 s: no
+//! verdict). Trials alternate between shared memory and tcp.
+
+use bcl_tests::procs::unix_ms;
+use std::io::{Read, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+const WORLD: usize = 4;
+const SOAK_SECONDS: &str = "3";
+const CLASSES: [&str; 5] = ["kill", "stop-short", "stop-long", "stranger", "cpu-hog"];
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// What one rank left: exit code (None: killed by a signal or by us), stdout, stderr.
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    hung: bool,
+}
+
+impl Out {
+    /// The verdict line (`rank R error after E ms at T ms: ...`) and its Unix time.
+    fn error(&self) -> Option<(&str, u128)> {
+        let line = self.stderr.lines().find(|l| l.contains(" error after "))?;
+        let at = line
+            .split(" at ")
+            .nth(1)?
+            .split(" ms")
+            .next()?
+            .parse()
+            .ok()?;
+        Some((line, at))
+    }
+    fn wrong(&self) -> bool {
+        self.stderr.contains(" WRONG ")
+    }
+}
+
+fn finish(mut child: Child, deadline: Instant) -> Out {
+    let mut hung = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() > deadline => {
+                hung = true;
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break,
+        }
+    }
+    let code = child.wait().ok().and_then(|s| s.code());
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Out {
+        code,
+        stdout,
+        stderr,
+        hung,
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status();
+}
+
+/// The TCP ports `pid` listens on (its socket inodes matched in /proc/net/tcp).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let mut inodes = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for e in dir.flatten() {
+            if let Ok(target) = std::fs::read_link(e.path()) {
+                let t = target.to_string_lossy();
+                if let Some(inode) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                    inodes.push(inode.to_string());
+                }
+            }
+        }
+    }
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, inode is field 9.
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                let port = f[1].rsplit(':').next()?;
+                u16::from_str_radix(port, 16).ok()
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Garbage, then a handshake hello replayed from nowhere, to every port.
+fn visit(ports: &[u16], rng: &mut Rng) {
+    for &port in ports {
+        for attempt in 0..2 {
+            let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+            let bytes: Vec<u8> = if attempt == 0 {
+                (0..64).map(|_| rng.below(256) as u8).collect()
+            } else {
+                let mut hello = b"BCLH".to_vec();
+                hello.extend((0..16).map(|_| rng.below(256) as u8));
+                hello.extend((0..32).map(|_| rng.below(256) as u8));
+                hello
+            };
+            let _ = s.write_all(&bytes);
+        }
+    }
+}
+
+/// `/dev/shm` names that belong to any of `pids` (BCL names its segments `bcl.PID.…`).
+fn shm_left(pids: &[u32]) -> usize {
+    std::fs::read_dir("/dev/shm").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                pids.iter().any(|p| name.starts_with(&format!("bcl.{p}.")))
+            })
+            .count()
+    })
+}
+
+#[derive(Default)]
+struct Tally {
+    trials: usize,
+    named_right: usize,
+    expected_verdicts: usize,
+    latencies: Vec<u128>,
+    false_verdicts: usize,
+    wrong_results: usize,
+    hung_jobs: usize,
+    shm_left: usize,
+    notes: Vec<String>,
+}
+
+fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally) {
+    let id = match bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")) {
+        Ok(id) => id.to_string(),
+        Err(e) => {
+            tally.notes.push(format!("trial {t}: no unique id: {e}"));
+            return;
+        }
+    };
+    let transport = if t.is_multiple_of(2) { "auto" } else { "tcp" };
+    let mut children: Vec<Child> = (0..WORLD)
+        .map(|r| {
+            Command::new(rank_bin)
+                .env("BCL_RANK", r.to_string())
+                .env("BCL_WORLD_SIZE", WORLD.to_string())
+                .env("BCL_UNIQUE_ID", &id)
+                .env("BCL_TEST_SCENARIO", "soak")
+                .env("BCL_TEST_SECONDS", SOAK_SECONDS)
+                .env("BCL_TRANSPORT", transport)
+                .env("BCL_TIMEOUT_S", "20")
+                .env("BCL_INIT_TIMEOUT_S", "30")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn bcl-rank")
+        })
+        .collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    // Wait for the job to run: every rank prints `ready` after its first round.
+    let mut outs: Vec<Option<std::process::ChildStdout>> =
+        children.iter_mut().map(|c| c.stdout.take()).collect();
+    for o in outs.iter_mut().flatten() {
+        let mut b = [0u8; 6];
+        let _ = o.read_exact(&mut b);
+    }
+    for (c, o) in children.iter_mut().zip(outs) {
+        c.stdout = o;
+    }
+    std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
+    let victim = rng.below(WORLD as u64) as usize;
+    let vpid = pids[victim];
+    let fault_at = unix_ms();
+    let mut hogs = Vec::new();
+    match class {
+        "kill" => signal(vpid, "KILL"),
+        "stop-short" => {
+            signal(vpid, "STOP");
+            std::thread::sleep(Duration::from_millis(500));
+            signal(vpid, "CONT");
+        }
+        "stop-long" => signal(vpid, "STOP"),
+        "stranger" => {
+            let ports = listening_ports(vpid);
+            if ports.is_empty() {
+                tally
+                    .notes
+                    .push(format!("trial {t}: rank {victim} listens on no tcp port"));
+            }
+            for _ in 0..3 {
+                visit(&ports, rng);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        _ => {
+            for _ in 0..2 {
+                if let Ok(c) = Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                {
+                    hogs.push(c);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    }
+    for mut h in hogs {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut results: Vec<Option<Out>> = Vec::new();
+    let mut pending: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    for (r, slot) in pending.iter_mut().enumerate() {
+        if class == "stop-long" && r == victim {
+            results.push(None);
+            continue;
+        }
+        results.push(slot.take().map(|c| finish(c, deadline)));
+    }
+    if class == "stop-long" {
+        signal(vpid, "CONT");
+        let out = pending[victim]
+            .take()
+            .map(|c| finish(c, Instant::now() + Duration::from_secs(30)));
+        results[victim] = out;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    tally.trials += 1;
+    tally.shm_left += shm_left(&pids);
+    let mut all_right = true;
+    let expects_verdict = matches!(class, "kill" | "stop-long");
+    if expects_verdict {
+        tally.expected_verdicts += 1;
+    }
+    for (r, out) in results.iter().enumerate() {
+        let Some(out) = out else { continue };
+        if out.hung {
+            tally.hung_jobs += 1;
+            tally
+                .notes
+                .push(format!("trial {t} ({transport}): rank {r} hung (killed)"));
+        }
+        if out.wrong() {
+            tally.wrong_results += 1;
+            tally
+                .notes
+                .push(format!("trial {t}: rank {r}: {}", out.stderr.trim()));
+        }
+        if r == victim && expects_verdict {
+            continue; // the victim's own end says nothing about the verdict
+        }
+        match (expects_verdict, out.error()) {
+            (true, Some((line, at))) => {
+                let cause = if class == "kill" {
+                    "died"
+                } else {
+                    "unresponsive"
+                };
+                let named = line.contains(&format!("rank {victim} (")) && line.contains(cause);
+                if named {
+                    tally.latencies.push(at.saturating_sub(fault_at));
+                } else {
+                    all_right = false;
+                    tally
+                        .notes
+                        .push(format!("trial {t}: rank {r} named wrongly: {line}"));
+                }
+            }
+            (true, None) => {
+                all_right = false;
+                tally.notes.push(format!(
+                    "trial {t}: rank {r} gave no verdict (exit {:?}): {}",
+                    out.code,
+                    out.stderr.trim()
+                ));
+            }
+            (false, Some((line, _))) => {
+                tally.false_verdicts += 1;
+                tally
+                    .notes
+                    .push(format!("trial {t} ({transport}): rank {r}: {line}"));
+            }
+            (false, None) => {
+                if out.code != Some(0) || !out.stdout.contains("done ") {
+                    tally.false_verdicts += 1;
+                    tally.notes.push(format!(
+                        "trial {t}: rank {r} ended with {:?} and no verdict: {}",
+                        out.code,
+                        out.stderr.trim()
+                    ));
+                }
+            }
+        }
+    }
+    if expects_verdict && all_right {
+        tally.named_right += 1;
+    }
+}
+
+fn pct(sorted: &[u128], p: f64) -> String {
+    if sorted.is_empty() {
+        return "-".into();
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].to_string()
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let trials: usize = match args.next().map(|a| a.parse()) {
+        Some(Ok(n)) if n > 0 => n,
+        _ => {
+            eprintln!(
+                "usage: bcl-chaos TRIALS [CLASS...] (classes: {})",
+                CLASSES.join(", ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let mut classes: Vec<String> = args.collect();
+    if classes.is_empty() {
+        classes = CLASSES.iter().map(|c| c.to_string()).collect();
+    }
+    if let Some(bad) = classes.iter().find(|c| !CLASSES.contains(&c.as_str())) {
+        eprintln!("unknown class '{bad}' (classes: {})", CLASSES.join(", "));
+        return ExitCode::from(2);
+    }
+    let rank_bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("bcl-rank")))
+        .filter(|p| p.is_file())
+        .map(|p| p.to_string_lossy().into_owned());
+    let Some(rank_bin) = rank_bin else {
+        eprintln!("bcl-rank is not beside bcl-chaos: cargo build --release -p bcl-tests --bins");
+        return ExitCode::from(2);
+    };
+    let mut failed = false;
+    println!(
+        "| class | trials | culprit and cause named | verdict p50 / p95 / max ms | false verdicts | wrong results | hung | /dev/shm left |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (k, class) in classes.iter().enumerate() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((k as u64 + 1) << 32) ^ unix_ms() as u64);
+        let mut tally = Tally::default();
+        for t in 0..trials {
+            trial(class, t, &mut rng, &rank_bin, &mut tally);
+        }
+        tally.latencies.sort_unstable();
+        let named = if tally.expected_verdicts == 0 {
+            "- (none expected)".to_string()
+        } else {
+            format!(
+                "{}/{} ({:.0}%)",
+                tally.named_right,
+                tally.expected_verdicts,
+                100.0 * tally.named_right as f64 / tally.expected_verdicts as f64
+            )
+        };
+        println!(
+            "| {class} | {} | {named} | {} / {} / {} | {} | {} | {} | {} |",
+            tally.trials,
+            pct(&tally.latencies, 0.5),
+            pct(&tally.latencies, 0.95),
+            pct(&tally.latencies, 1.0),
+            tally.false_verdicts,
+            tally.wrong_results,
+            tally.hung_jobs,
+            tally.shm_left
+        );
+        for n in &tally.notes {
+            eprintln!("  {class}: {n}");
+        }
+        failed |= tally.false_verdicts > 0
+            || tally.wrong_results > 0
+            || tally.hung_jobs > 0
+            || tally.shm_left > 0
+            || tally.named_right < tally.expected_verdicts;
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -8,8 +8,9 @@
 //! Usage: `bcl-chaos TRIALS [CLASS...]`; classes: kill (SIGKILL), stop-short (SIGSTOP 0.5 s,
 //! below the 2 s hang timeout: no verdict may come), stop-long (SIGSTOP 5 s: the rank must be
 //! named unresponsive), stranger (every listening port of a rank gets garbage and a replayed
-//! handshake hello, several times: no verdict), cpu-hog (two busy processes for 1.5 s: no
-//! verdict). Trials alternate between shared memory and tcp.
+//! handshake hello, several times: no verdict), flood (100 idle connections held open on
+//! every listening port of a rank for 1.5 s: no verdict), cpu-hog (two busy processes for
+//! 1.5 s: no verdict). Trials alternate between shared memory and tcp.
 
 use bcl_tests::procs::unix_ms;
 use std::io::{Read, Write};
@@ -18,7 +19,14 @@ use std::time::{Duration, Instant};
 
 const WORLD: usize = 4;
 const SOAK_SECONDS: &str = "3";
-const CLASSES: [&str; 5] = ["kill", "stop-short", "stop-long", "stranger", "cpu-hog"];
+const CLASSES: [&str; 6] = [
+    "kill",
+    "stop-short",
+    "stop-long",
+    "stranger",
+    "flood",
+    "cpu-hog",
+];
 
 struct Rng(u64);
 impl Rng {
@@ -232,6 +240,21 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
                 visit(&ports, rng);
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+        "flood" => {
+            let ports = listening_ports(vpid);
+            let held: Vec<std::net::TcpStream> = ports
+                .iter()
+                .flat_map(|&p| (0..100).map(move |_| p))
+                .filter_map(|p| std::net::TcpStream::connect(("127.0.0.1", p)).ok())
+                .collect();
+            if held.is_empty() {
+                tally
+                    .notes
+                    .push(format!("trial {t}: no connection to rank {victim} held"));
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(held);
         }
         _ => {
             for _ in 0..2 {

@@ -9,12 +9,6 @@
 
 namespace bcl_torch {
 
-namespace {
-c10::intrusive_ptr<c10::ivalue::Future> new_future() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-}
-}  // namespace
-
 DeferredRecv::DeferredRecv(std::string what, std::function<bclResult_t()> call,
                            std::function<void()> after, std::vector<at::Tensor> result)
     : what_(std::move(what)),
@@ -26,23 +20,9 @@ DeferredRecv::DeferredRecv(std::string what, std::function<bclResult_t()> call,
 void DeferredRecv::run() {
   if (done()) return;
   bclResult_t code = call_();
-  std::exception_ptr err = code == bclSuccess ? nullptr : failure(code, what_);
-  if (err == nullptr && after_) {
-    try {
-      after_();
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  error_ = err;
+  error_ = run_after(code == bclSuccess ? nullptr : failure(code, what_), after_);
   call_ = nullptr;
-  after_ = nullptr;
   done_.store(true, std::memory_order_release);
-  if (err != nullptr) {
-    future_->setError(err);
-  } else {
-    future_->markCompleted(c10::IValue(result_));
-  }
 }
 
 void DeferredRecv::cancel(const std::string& why) {
@@ -52,7 +32,6 @@ void DeferredRecv::cancel(const std::string& why) {
   call_ = nullptr;
   after_ = nullptr;
   done_.store(true, std::memory_order_release);
-  future_->setError(error_);
 }
 
 void RecvQueue::push(std::shared_ptr<DeferredRecv> recv) {
@@ -61,19 +40,32 @@ void RecvQueue::push(std::shared_ptr<DeferredRecv> recv) {
 }
 
 void RecvQueue::run_through(const DeferredRecv* upto) {
-  std::lock_guard<std::mutex> guard(mu_);
-  while (!queue_.empty()) {
-    std::shared_ptr<DeferredRecv> next = queue_.front();
-    queue_.pop_front();
-    next->run();
-    if (next.get() == upto) return;
+  std::vector<std::shared_ptr<DeferredRecv>> ran;
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    // Receives run under this lock: one found done here has left the queue for good.
+    if (upto != nullptr && upto->done()) return;
+    while (!queue_.empty()) {
+      std::shared_ptr<DeferredRecv> next = queue_.front();
+      queue_.pop_front();
+      next->run();
+      ran.push_back(next);
+      if (next.get() == upto) break;
+    }
   }
+  // Their futures' callbacks run without the queue's lock: one may wait on a receive.
+  for (const auto& r : ran) complete(r->future(), r->error(), r->result());
 }
 
 void RecvQueue::cancel_all(const std::string& why) {
-  std::lock_guard<std::mutex> guard(mu_);
-  for (auto& r : queue_) r->cancel(why);
-  queue_.clear();
+  std::vector<std::shared_ptr<DeferredRecv>> cancelled;
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    for (auto& r : queue_) r->cancel(why);
+    cancelled.assign(queue_.begin(), queue_.end());
+    queue_.clear();
+  }
+  for (const auto& r : cancelled) complete(r->future(), r->error(), r->result());
 }
 
 WorkRecv::WorkRecv(std::shared_ptr<RecvQueue> queue, std::shared_ptr<DeferredRecv> recv, int rank)

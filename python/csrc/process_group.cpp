@@ -453,36 +453,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather_coalesced(
   return run(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(step), result);
 }
 
+namespace {
+// gather's step: `input` to `root`, which receives every rank's in rank order into `output`
+// (undefined on the other ranks).
+Step gather_step(bclComm_t comm, int size, int rank, int root, const at::Tensor& input,
+                 const at::Tensor& output, const char* what) {
+  host_only(input);
+  at::Tensor in = input.contiguous();
+  bclDataType_t dt = dtype_of(in);
+  Step step;
+  step.keep.push_back(in);
+  step.bytes = bytes_of(in) * (rank == root ? size : 1);
+  at::Tensor out;
+  if (rank == root) {
+    host_only(output);
+    same(output, in, size * in.numel(), what);
+    out = flat_into(output, step);
+    step.keep.push_back(out);
+  }
+  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
+    return bclGather(ptr(in), out.defined() ? ptr(out) : nullptr, count(in), dt, root, comm, s);
+  });
+  return step;
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   TORCH_CHECK_VALUE(inputs.size() == 1, "bcl: gather takes one input");
   int root = static_cast<int>(opts.rootRank);
-  host_only(inputs[0]);
-  at::Tensor in = inputs[0].contiguous();
-  bclDataType_t dt = dtype_of(in);
-  bclComm_t comm = comm_;
-  Step step;
-  step.keep.push_back(in);
-  step.bytes = bytes_of(in) * (rank_ == root ? size_ : 1);
   if (rank_ != root) {
-    step.launches.push_back([in, dt, root, comm](bclStream_t s) {
-      return bclGather(ptr(in), nullptr, count(in), dt, root, comm, s);
-    });
+    Step step = gather_step(comm_, size_, rank_, root, inputs[0], at::Tensor(), "gather");
     return run(c10d::OpType::GATHER, "gather", std::move(step), {});
   }
   TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                     "bcl: gather: the root needs one list of ", size_, " outputs");
   for (const auto& o : outputs[0]) {
     host_only(o);
-    same(o, in, in.numel(), "gather");
+    same(o, inputs[0], inputs[0].numel(), "gather");
   }
-  at::Tensor staged = at::empty({size_ * in.numel()}, in.options());
-  step.keep.push_back(staged);
+  // Into one staged tensor, then out to the list.
+  at::Tensor staged = at::empty({size_ * inputs[0].numel()}, inputs[0].options());
+  Step step = gather_step(comm_, size_, rank_, root, inputs[0], staged, "gather");
   step.after.push_back(unpack(staged, outputs[0]));
-  step.launches.push_back([in, staged, dt, root, comm](bclStream_t s) {
-    return bclGather(ptr(in), ptr(staged), count(in), dt, root, comm, s);
-  });
   return run(c10d::OpType::GATHER, "gather", std::move(step), outputs[0]);
 }
 
@@ -490,27 +504,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather_single(at::Tensor& output
                                                               at::Tensor& input,
                                                               const c10d::GatherOptions& opts) {
   int root = static_cast<int>(opts.rootRank);
-  host_only(input);
-  at::Tensor in = input.contiguous();
-  bclDataType_t dt = dtype_of(in);
-  bclComm_t comm = comm_;
-  Step step;
-  step.keep.push_back(in);
-  step.bytes = bytes_of(in) * (rank_ == root ? size_ : 1);
-  if (rank_ != root) {
-    step.launches.push_back([in, dt, root, comm](bclStream_t s) {
-      return bclGather(ptr(in), nullptr, count(in), dt, root, comm, s);
-    });
-    return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step), {});
-  }
-  host_only(output);
-  same(output, in, size_ * in.numel(), "gather_into_tensor");
-  at::Tensor out = flat_into(output, step);
-  step.keep.push_back(out);
-  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
-    return bclGather(ptr(in), ptr(out), count(in), dt, root, comm, s);
-  });
-  return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step), {output});
+  Step step = gather_step(comm_, size_, rank_, root, input,
+                          rank_ == root ? output : at::Tensor(), "gather_into_tensor");
+  return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step),
+             rank_ == root ? std::vector<at::Tensor>{output} : std::vector<at::Tensor>{});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::scatter(

@@ -30,6 +30,16 @@ std::exception_ptr failure(bclResult_t code, const std::string& what);
 // Throws failure(code, what) unless code is bclSuccess.
 void check(bclResult_t code, const std::string& what);
 
+// A future for a Work's result (a list of tensors), as torch's own backends make them.
+c10::intrusive_ptr<c10::ivalue::Future> new_future();
+// Run `after` (an operation's copies back) unless the operation failed with `err`, and
+// drop it; the operation's error (the copy's, if that failed), or null.
+std::exception_ptr run_after(std::exception_ptr err, std::function<void()>& after);
+// Settle `future` with `result` or `err`. This runs its callbacks (DDP's hooks) on this
+// thread, so no lock of the operation may be held: a callback may wait on the work again.
+void complete(const c10::intrusive_ptr<c10::ivalue::Future>& future, std::exception_ptr err,
+              const std::vector<at::Tensor>& result);
+
 // One operation queued on the host stream: the event recorded after it, the tensors it
 // uses (kept alive until it is done), what to do once it is done (copy results into
 // non-contiguous outputs), and the future DDP's communication hooks chain on.
@@ -44,7 +54,8 @@ class Pending {
   // Wait for the operation (any thread, any number of times): its error, or null.
   std::exception_ptr finish();
   bool done() const { return done_.load(std::memory_order_acquire); }
-  std::exception_ptr error() const;
+  // Its error once done (written before `done_`), else null.
+  std::exception_ptr error() const { return done() ? error_ : nullptr; }
   const std::vector<at::Tensor>& result() const { return result_; }
   const c10::intrusive_ptr<c10::ivalue::Future>& future() const { return future_; }
 
@@ -55,7 +66,10 @@ class Pending {
   std::function<void()> after_;
   std::vector<at::Tensor> result_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  mutable std::mutex mu_;
+  // One thread finishes the operation (`claimed_`); others wait for it on `finished_`.
+  std::mutex mu_;
+  std::condition_variable finished_;
+  bool claimed_ = false;
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
 };
@@ -84,7 +98,7 @@ class DeferredRecv {
  public:
   DeferredRecv(std::string what, std::function<bclResult_t()> call, std::function<void()> after,
                std::vector<at::Tensor> result);
-  void run();  // the receive, its copy back, its future (once)
+  void run();  // the receive and its copy back (once); then `complete` its future
   bool done() const { return done_.load(std::memory_order_acquire); }
   std::exception_ptr error() const { return error_; }  // read after done()
   void cancel(const std::string& why);

@@ -18,11 +18,30 @@ void check(bclResult_t code, const std::string& what) {
   if (code != bclSuccess) std::rethrow_exception(failure(code, what));
 }
 
-namespace {
 c10::intrusive_ptr<c10::ivalue::Future> new_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
-}  // namespace
+
+std::exception_ptr run_after(std::exception_ptr err, std::function<void()>& after) {
+  if (err == nullptr && after) {
+    try {
+      after();
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  after = nullptr;
+  return err;
+}
+
+void complete(const c10::intrusive_ptr<c10::ivalue::Future>& future, std::exception_ptr err,
+              const std::vector<at::Tensor>& result) {
+  if (err != nullptr) {
+    future->setError(err);
+  } else {
+    future->markCompleted(c10::IValue(result));
+  }
+}
 
 Pending::Pending(std::string what, bclEvent_t event, std::vector<at::Tensor> keep,
                  std::function<void()> after, std::vector<at::Tensor> result)
@@ -34,8 +53,9 @@ Pending::Pending(std::string what, bclEvent_t event, std::vector<at::Tensor> kee
       future_(new_future()) {}
 
 Pending::Pending(std::vector<at::Tensor> result) : result_(std::move(result)), future_(new_future()) {
-  future_->markCompleted(c10::IValue(result_));
+  claimed_ = true;
   done_.store(true, std::memory_order_release);
+  complete(future_, nullptr, result_);
 }
 
 Pending::~Pending() {
@@ -43,33 +63,28 @@ Pending::~Pending() {
 }
 
 std::exception_ptr Pending::finish() {
-  if (done()) return error();
+  if (done()) return error_;
   // Outside the lock: several threads may wait on one event; each reads its own text.
   bclResult_t code = bclEventSynchronize(event_);
   std::exception_ptr err = code == bclSuccess ? nullptr : failure(code, what_);
-  std::lock_guard<std::mutex> guard(mu_);
-  if (done()) return error_;
-  if (err == nullptr && after_) {
-    try {
-      after_();
-    } catch (...) {
-      err = std::current_exception();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (claimed_) {
+      finished_.wait(lock, [this] { return done(); });
+      return error_;
     }
+    claimed_ = true;
   }
-  error_ = err;
+  // Only the claiming thread gets here.
+  error_ = run_after(err, after_);
   keep_.clear();
-  after_ = nullptr;
-  done_.store(true, std::memory_order_release);
-  if (error_ != nullptr) {
-    future_->setError(error_);
-  } else {
-    future_->markCompleted(c10::IValue(result_));
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    done_.store(true, std::memory_order_release);
   }
-  return error_;
-}
-
-std::exception_ptr Pending::error() const {
-  std::lock_guard<std::mutex> guard(mu_);
+  finished_.notify_all();
+  // Done before the future completes: a callback that waits on this work returns at once.
+  complete(future_, error_, result_);
   return error_;
 }
 

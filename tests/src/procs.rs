@@ -76,30 +76,42 @@ impl Finished {
 }
 
 /// Wait for `child` until `deadline`; kill it and fail the test if it overruns.
-pub fn finish(mut child: Child, deadline: Instant, what: &str) -> Finished {
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut stdout = String::new();
-            let mut stderr = String::new();
-            if let Some(mut o) = child.stdout.take() {
-                let _ = o.read_to_string(&mut stdout);
+pub fn finish(child: Child, deadline: Instant, what: &str) -> Finished {
+    let (finished, overran) = finish_or_kill(child, deadline);
+    assert!(!overran, "{what} did not finish in time (killed)");
+    finished
+}
+
+/// Wait for `child` until `deadline`, killing it if it overruns: what it left, and whether
+/// it had to be killed.
+pub fn finish_or_kill(mut child: Child, deadline: Instant) -> (Finished, bool) {
+    let mut overran = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() > deadline => {
+                overran = true;
+                let _ = child.kill();
+                break child.wait().ok();
             }
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut stderr);
-            }
-            return Finished {
-                code: status.code(),
-                stdout,
-                stderr,
-            };
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => break None,
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish in time (killed)");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
     }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let finished = Finished {
+        code: status.and_then(|s| s.code()),
+        stdout,
+        stderr,
+    };
+    (finished, overran)
 }
 
 /// Wait until every child has printed `ready` (its stdout is consumed up to that line).

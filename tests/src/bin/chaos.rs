@@ -12,7 +12,7 @@
 //! every listening port of a rank for 1.5 s: no verdict), cpu-hog (two busy processes for
 //! 1.5 s: no verdict). Trials alternate between shared memory and tcp.
 
-use bcl_tests::procs::unix_ms;
+use bcl_tests::procs::{Finished, finish_or_kill, unix_ms};
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -38,62 +38,21 @@ impl Rng {
     }
 }
 
-/// What one rank left: exit code (None: killed by a signal or by us), stdout, stderr.
+/// What one rank left, and whether it hung (killed at the deadline).
 struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+    left: Finished,
     hung: bool,
 }
 
 impl Out {
-    /// The verdict line (`rank R error after E ms at T ms: ...`) and its Unix time.
-    fn error(&self) -> Option<(&str, u128)> {
-        let line = self.stderr.lines().find(|l| l.contains(" error after "))?;
-        let at = line
-            .split(" at ")
-            .nth(1)?
-            .split(" ms")
-            .next()?
-            .parse()
-            .ok()?;
-        Some((line, at))
-    }
     fn wrong(&self) -> bool {
-        self.stderr.contains(" WRONG ")
+        self.left.stderr.contains(" WRONG ")
     }
 }
 
-fn finish(mut child: Child, deadline: Instant) -> Out {
-    let mut hung = false;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() > deadline => {
-                hung = true;
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(_) => break,
-        }
-    }
-    let code = child.wait().ok().and_then(|s| s.code());
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
-    Out {
-        code,
-        stdout,
-        stderr,
-        hung,
-    }
+fn finish(child: Child, deadline: Instant) -> Out {
+    let (left, hung) = finish_or_kill(child, deadline);
+    Out { left, hung }
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -309,12 +268,16 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
             tally.wrong_results += 1;
             tally
                 .notes
-                .push(format!("trial {t}: rank {r}: {}", out.stderr.trim()));
+                .push(format!("trial {t}: rank {r}: {}", out.left.stderr.trim()));
         }
         if r == victim && expects_verdict {
             continue; // the victim's own end says nothing about the verdict
         }
-        match (expects_verdict, out.error()) {
+        let error = out
+            .left
+            .error_line()
+            .zip(out.left.error_times().map(|(_, at)| at));
+        match (expects_verdict, error) {
             (true, Some((line, at))) => {
                 let cause = if class == "kill" {
                     "died"
@@ -335,8 +298,8 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
                 all_right = false;
                 tally.notes.push(format!(
                     "trial {t}: rank {r} gave no verdict (exit {:?}): {}",
-                    out.code,
-                    out.stderr.trim()
+                    out.left.code,
+                    out.left.stderr.trim()
                 ));
             }
             (false, Some((line, _))) => {
@@ -346,12 +309,12 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
                     .push(format!("trial {t} ({transport}): rank {r}: {line}"));
             }
             (false, None) => {
-                if out.code != Some(0) || !out.stdout.contains("done ") {
+                if out.left.code != Some(0) || !out.left.stdout.contains("done ") {
                     tally.false_verdicts += 1;
                     tally.notes.push(format!(
                         "trial {t}: rank {r} ended with {:?} and no verdict: {}",
-                        out.code,
-                        out.stderr.trim()
+                        out.left.code,
+                        out.left.stderr.trim()
                     ));
                 }
             }

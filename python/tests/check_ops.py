@@ -255,6 +255,13 @@ fut = dist.all_reduce(t, async_op=True).get_future()
 fut.wait()
 if not torch.all(t == n):
     failures.append(f"future: {t[0]}")
+# A future callback that waits on its own work again (queued: 1 MiB) returns, not deadlocks.
+t = torch.ones(1 << 18)
+w = dist.all_reduce(t, async_op=True)
+chained = w.get_future().then(lambda f: w.wait())
+chained.wait()
+if not torch.all(t == n):
+    failures.append(f"a work waited on from its own callback: {t[0]}")
 # Point to point, and a barrier.
 if n > 1:
     if rank == 0:

@@ -138,7 +138,7 @@ struct Tally {
 }
 
 fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally) {
-    let id = match bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")) {
+    let id = match bcl_core::UniqueId::new(std::net::Ipv4Addr::LOCALHOST.into()) {
         Ok(id) => id.to_string(),
         Err(e) => {
             tally.notes.push(format!("trial {t}: no unique id: {e}"));
@@ -146,7 +146,7 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
         }
     };
     let transport = if t.is_multiple_of(2) { "auto" } else { "tcp" };
-    let mut children: Vec<Child> = (0..WORLD)
+    let spawned: std::io::Result<Vec<Child>> = (0..WORLD)
         .map(|r| {
             Command::new(rank_bin)
                 .env("BCL_RANK", r.to_string())
@@ -161,9 +161,20 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .expect("spawn bcl-rank")
         })
         .collect();
+    // A rank that could not start (no processes left, say) fails the soak loudly; those that
+    // did start give up at init on their own (BCL_INIT_TIMEOUT_S).
+    let mut children = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            tally
+                .notes
+                .push(format!("trial {t}: could not start the ranks: {e}"));
+            tally.hung_jobs += 1;
+            return;
+        }
+    };
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
     // Wait for the job to run: every rank prints `ready` after its first round.
     let mut outs: Vec<Option<std::process::ChildStdout>> =

@@ -128,6 +128,19 @@ pub(crate) fn all_shared_memory(peers: &[RankInfo]) -> bool {
         .all(|p| p.host_id == peers[0].host_id && part_address(&p.address, "shm").is_some())
 }
 
+/// Whether every link between two ranks with one host id is shared memory (both published
+/// an shm endpoint and the transport is chosen automatically or is shm): the same on every
+/// rank.
+pub(crate) fn shm_inside_hosts(peers: &[RankInfo], transport: &TransportKind) -> bool {
+    matches!(transport, TransportKind::Auto | TransportKind::Shm)
+        && peers.iter().all(|p| {
+            part_address(&p.address, "shm").is_some()
+                || peers
+                    .iter()
+                    .all(|q| q.rank == p.rank || q.host_id != p.host_id)
+        })
+}
+
 impl Endpoint {
     /// The address to publish at bootstrap.
     pub(crate) fn address(&self) -> &PeerAddress {

@@ -1,6 +1,7 @@
-//! The ring order and the per-peer transport choice, from what every rank published.
+//! The ring order, the hosts, and the per-peer transport choice, from what every rank
+//! published.
 
-use crate::config::TransportKind;
+use crate::config::{TopologySpec, TransportKind};
 use crate::peers::RankInfo;
 
 /// The ring: ranks of one host adjacent, and within a host ranks of one vendor adjacent, so
@@ -16,6 +17,36 @@ pub fn ring_order(infos: &[RankInfo]) -> Vec<usize> {
         ))
     });
     order.iter().map(|i| i.rank).collect()
+}
+
+/// The ranks of each host, hosts in ring order, and the ring: from the bootstrap (ranks with
+/// one host id share a host: boot id and network namespace) or, when set, from `spec`
+/// (`BCL_TOPOLOGY`), whose hosts then also order the ring.
+pub fn hosts_and_ring(
+    infos: &[RankInfo],
+    spec: Option<&TopologySpec>,
+) -> crate::Result<(Vec<Vec<usize>>, Vec<usize>)> {
+    if let Some(spec) = spec {
+        let hosts = spec.hosts(infos.len())?;
+        let ring = hosts.iter().flatten().copied().collect();
+        return Ok((hosts, ring));
+    }
+    let ring = ring_order(infos);
+    let mut hosts: Vec<Vec<usize>> = Vec::new();
+    for &r in &ring {
+        match hosts.last_mut() {
+            Some(h) if infos[h[0]].host_id == infos[r].host_id => h.push(r),
+            _ => hosts.push(vec![r]),
+        }
+    }
+    Ok((hosts, ring))
+}
+
+/// The hosts as one line: `2 hosts: [0, 1, 2, 3] [4, 5, 6, 7]`.
+pub fn describe_hosts(hosts: &[Vec<usize>]) -> String {
+    let list: Vec<String> = hosts.iter().map(|h| format!("{h:?}")).collect();
+    let noun = if hosts.len() == 1 { "host" } else { "hosts" };
+    format!("{} {noun}: {}", hosts.len(), list.join(" "))
 }
 
 /// The transport actually used towards one peer.
@@ -138,6 +169,33 @@ mod tests {
         ];
         assert_eq!(ring_order(&infos), vec![3, 1, 4, 0, 2]);
         assert!(infos[2].label().0.contains("rank 2 (host b"));
+    }
+
+    #[test]
+    fn hosts_follow_the_host_ids_unless_a_topology_is_set() {
+        let infos = vec![
+            info(0, "b", Vendor::Cpu),
+            info(1, "a", Vendor::Cpu),
+            info(2, "b", Vendor::Cpu),
+            info(3, "a", Vendor::Cpu),
+        ];
+        let (hosts, ring) = hosts_and_ring(&infos, None).expect("discovered");
+        assert_eq!(hosts, vec![vec![1, 3], vec![0, 2]]);
+        assert_eq!(ring, vec![1, 3, 0, 2]);
+        let spec = TopologySpec::Grid {
+            hosts: 2,
+            per_host: 2,
+        };
+        let (hosts, ring) = hosts_and_ring(&infos, Some(&spec)).expect("set");
+        assert_eq!(hosts, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(ring, vec![0, 1, 2, 3]);
+        assert_eq!(describe_hosts(&hosts), "2 hosts: [0, 1] [2, 3]");
+        let three = TopologySpec::Grid {
+            hosts: 3,
+            per_host: 1,
+        };
+        let e = hosts_and_ring(&infos, Some(&three)).expect_err("wrong size");
+        assert!(e.to_string().contains("the world has 4"), "{e}");
     }
 
     #[test]

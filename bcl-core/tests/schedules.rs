@@ -62,6 +62,7 @@ fn run(
             in_place,
             slice_elems: slice,
             ring: ring.clone(),
+            hosts: None,
             seed,
         };
         if let Err(e) = check(&case) {
@@ -122,6 +123,7 @@ fn ring_case(seed: u64) -> Case {
         in_place: false,
         slice_elems: 2,
         ring: None,
+        hosts: None,
         seed,
     }
 }

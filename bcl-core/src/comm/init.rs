@@ -16,7 +16,7 @@ use crate::launch::{Launch, Rendezvous};
 use crate::links;
 use crate::peers::RankInfo;
 use crate::schedule::{Fabric, Layout};
-use crate::topology::{LinkKind, ring_order};
+use crate::topology::{LinkKind, hosts_and_ring};
 use crate::unique_id::UniqueId;
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{Accelerator, open_device};
@@ -406,7 +406,10 @@ pub(super) fn finish(
         .ok_or_else(|| Error::Internal(format!("rank {rank} is not among {world} records")))?;
     let custom_transport = matches!(endpoint, links::Endpoint::Single(_, LinkKind::Custom(_)));
     let (transport, links) = endpoint.connect(&config, &me, &peers, started, deadline)?;
-    let layout = Layout::new(rank, ring_order(&peers)).map_err(Error::Internal)?;
+    let (hosts, ring) = hosts_and_ring(&peers, config.topology.as_ref())?;
+    let layout = Layout::new(rank, ring)
+        .and_then(|l| l.with_hosts(hosts))
+        .map_err(Error::Internal)?;
     health
         .watch(peers.clone(), layout.ring().to_vec(), deadline)
         .map_err(|reason| Error::Bootstrap { rank, reason })?;
@@ -421,6 +424,9 @@ pub(super) fn finish(
             world,
             all_shared_memory: links::all_shared_memory(&peers),
             one_host: local_ranks == world,
+            hosts: layout.hosts().len(),
+            largest_host: layout.hosts().iter().map(Vec::len).max().unwrap_or(1),
+            shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
         },
         polling: polling(config.spin, local_ranks),
         config,

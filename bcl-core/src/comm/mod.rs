@@ -39,7 +39,7 @@ use crate::config::CommConfig;
 use crate::exec::WallClock;
 use crate::health::{Cause, Health, Verdict};
 use crate::peers::RankInfo;
-use crate::schedule::{Fabric, Layout};
+use crate::schedule::{Algorithm, Collective, Fabric, Layout};
 use crate::topology::LinkKind;
 use bcl_backends::Accelerator;
 use bcl_transport::store::TcpStoreServer;
@@ -165,6 +165,24 @@ impl Communicator {
         self.shared.layout.ring()
     }
 
+    /// The ranks of each host, as the hierarchical algorithms group them (from the bootstrap,
+    /// or `BCL_TOPOLOGY`).
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        self.shared.layout.hosts()
+    }
+
+    /// The hosts as one line for headers and reports (`2 hosts: [0, 1] [2, 3]`).
+    pub fn topology(&self) -> String {
+        crate::topology::describe_hosts(self.hosts())
+    }
+
+    /// The algorithm a call of `collective` over `bytes` runs with: the one forced by
+    /// [`CommConfig::algorithm`], or the selector's choice ([`crate::schedule::select`]).
+    pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
+        (self.shared.config.algorithm)
+            .unwrap_or_else(|| crate::schedule::select(collective, bytes, self.shared.fabric))
+    }
+
     /// The first fault that poisoned this communicator, if any: an error of this rank's, or
     /// the verdict about a fault elsewhere (NCCL's `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<String> {
@@ -216,7 +234,11 @@ impl Communicator {
     /// This rank's health report: its state, the verdict if any, and the flight recorder
     /// (the last operations with their signature, state, times and bytes per peer).
     pub fn health_report(&self) -> serde_json::Value {
-        self.shared.health.report_json()
+        let mut report = self.shared.health.report_json();
+        if let Some(map) = report.as_object_mut() {
+            map.insert("hosts".into(), serde_json::json!(self.hosts()));
+        }
+        report
     }
 }
 

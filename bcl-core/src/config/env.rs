@@ -16,9 +16,9 @@ impl CommConfig {
     /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
     /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
-    /// (auto, ring, rd, hd), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
+    /// (auto, ring, rd, hd, hier-ring, hier-rd, hier-hd), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
-    /// `BCL_SPIN_US`. A value that does not parse, or lies outside its range, is an error
+    /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]). A value that does not parse, or lies outside its range, is an error
     /// naming the variable and the value.
     pub fn with_env(mut self, get: Env<'_>) -> Result<Self> {
         let invalid =
@@ -74,6 +74,9 @@ impl CommConfig {
                 "auto" => None,
                 other => Some(other.parse().map_err(|e| invalid("BCL_ALGO", &e))?),
             };
+        }
+        if let Some(v) = get("BCL_TOPOLOGY") {
+            self.topology = Some(super::TopologySpec::parse("BCL_TOPOLOGY", &v)?);
         }
         if let Some(d) = span("BCL_SPIN_US", SPIN)? {
             self.spin = Some(d);

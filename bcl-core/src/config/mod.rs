@@ -4,10 +4,12 @@
 
 mod env;
 pub mod limits;
+mod topology;
 
 #[cfg(test)]
 pub(crate) use env::env;
 pub use env::{Env, process_env};
+pub use topology::TopologySpec;
 
 use crate::error::{Error, Result};
 use crate::schedule::Algorithm;
@@ -134,6 +136,9 @@ pub struct CommConfig {
     /// How long a rank waiting inside a collective polls before it sleeps (`None`: 500 µs). It
     /// yields the core between polls when this host runs more ranks than it has cores.
     pub spin: Option<Duration>,
+    /// Which ranks share a host, instead of what the bootstrap finds (`BCL_TOPOLOGY`). Every
+    /// rank must be given the same.
+    pub topology: Option<TopologySpec>,
 }
 
 impl Default for CommConfig {
@@ -155,6 +160,7 @@ impl Default for CommConfig {
             algorithm: None,
             health: HealthConfig::default(),
             spin: None,
+            topology: None,
         }
     }
 }

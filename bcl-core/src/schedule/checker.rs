@@ -56,8 +56,10 @@ pub struct Case {
     pub count: usize,
     pub in_place: bool,
     pub slice_elems: usize,
-    /// Ring order (position → rank); `None`: 0..world.
+    /// Ring order (position → rank); `None`: 0..world, or the hosts in turn.
     pub ring: Option<Vec<usize>>,
+    /// The ranks of each host (the hierarchical algorithms follow them); `None`: one host.
+    pub hosts: Option<Vec<Vec<usize>>>,
     pub seed: u64,
 }
 
@@ -81,10 +83,15 @@ pub fn check(case: &Case) -> Result<(), String> {
 /// others have nothing to do).
 pub fn plans(case: &Case) -> Result<Vec<Plan>, String> {
     let n = case.world;
-    let ring = case.ring.clone().unwrap_or_else(|| (0..n).collect());
+    let ring = (case.ring.clone())
+        .or_else(|| (case.hosts.as_ref()).map(|h| h.iter().flatten().copied().collect()))
+        .unwrap_or_else(|| (0..n).collect());
     (0..n)
         .map(|rank| {
-            let layout = Layout::new(rank, ring.clone())?;
+            let mut layout = Layout::new(rank, ring.clone())?;
+            if let Some(hosts) = &case.hosts {
+                layout = layout.with_hosts(hosts.clone())?;
+            }
             Ok(match rank_collective(case, rank) {
                 Some(c) => build_plan(
                     c,

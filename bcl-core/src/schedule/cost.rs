@@ -87,11 +87,62 @@ pub fn link_cost(fabric: Fabric) -> LinkCost {
     }
 }
 
-/// The model's time in seconds of an allreduce of `bytes` on `world` ranks.
+/// The constants of the links between hosts: TCP's (over a veth between namespaces the
+/// kernel path is loopback's; a real network's NIC is at least as fast as these 2-core
+/// figures). With `largest_host` ranks on a host the per-step cost is the 4-rank one.
+pub fn between_hosts_cost(fabric: Fabric) -> LinkCost {
+    if fabric.world <= 2 {
+        measured::TCP_2
+    } else {
+        measured::TCP_4
+    }
+}
+
+/// The constants of the links inside a host: shared memory's where every such link is.
+pub fn inside_host_cost(fabric: Fabric) -> LinkCost {
+    match (fabric.shm_inside_hosts, fabric.largest_host <= 2) {
+        (true, true) => measured::SHM_2,
+        (true, false) => measured::SHM_4,
+        (false, true) => measured::TCP_2,
+        (false, false) => measured::TCP_4,
+    }
+}
+
+/// The model's time of a hierarchical allreduce (`schedule::hierarchical`) of `bytes` on
+/// `hosts` hosts of `per_host` ranks: the direct reduce-scatter and allgather inside a host
+/// (one step each, (l−1)/l of the buffer through each rank), and between them the rails'
+/// allreduce of n/l each by `between`, the l rails of a host sharing its one link (β·l).
+pub fn hierarchical_seconds(
+    between: Algorithm,
+    bytes: usize,
+    hosts: usize,
+    per_host: usize,
+    inside: LinkCost,
+    across: LinkCost,
+) -> f64 {
+    let (n, l) = (bytes as f64, per_host.max(1) as f64);
+    let local = if per_host > 1 {
+        let share = (l - 1.0) / l * n;
+        2.0 * inside.alpha + 2.0 * share * inside.beta + share * inside.gamma
+    } else {
+        0.0
+    };
+    let shared_link = LinkCost {
+        beta: across.beta * l,
+        ..across
+    };
+    local + allreduce_seconds(between, (n / l) as usize, hosts, shared_link)
+}
+
+/// The model's time in seconds of an allreduce of `bytes` on `world` ranks (a hierarchical
+/// algorithm: all on one host, `cost` its links).
 pub fn allreduce_seconds(algorithm: Algorithm, bytes: usize, world: usize, cost: LinkCost) -> f64 {
     let (n, p) = (bytes as f64, world as f64);
     if world <= 1 {
         return 0.0;
+    }
+    if let Some(between) = algorithm.between_hosts() {
+        return hierarchical_seconds(between, bytes, 1, world, cost, cost);
     }
     match algorithm {
         Algorithm::Ring => {
@@ -117,6 +168,49 @@ pub fn allreduce_seconds(algorithm: Algorithm, bytes: usize, world: usize, cost:
             }
             t
         }
+        _ => f64::INFINITY,
+    }
+}
+
+/// The cheapest allreduce on `fabric` by the model: [`cheaper_allreduce`] among the flat
+/// algorithms (their steps cost the slowest link's α and β), and where ranks sit on several
+/// hosts with more than one on some, the hierarchical ones, when strictly cheaper.
+pub fn cheapest_on(bytes: usize, fabric: Fabric) -> Algorithm {
+    let flat = cheaper_allreduce(
+        bytes,
+        fabric.world,
+        link_cost(fabric),
+        !fabric.all_shared_memory,
+    );
+    if fabric.hosts < 2 || fabric.largest_host < 2 {
+        return flat;
+    }
+    let flat_time = allreduce_seconds(flat, bytes, fabric.world, link_cost(fabric));
+    let (inside, across) = (inside_host_cost(fabric), between_hosts_cost(fabric));
+    let time = |between| {
+        hierarchical_seconds(
+            between,
+            bytes,
+            fabric.hosts,
+            fabric.largest_host,
+            inside,
+            across,
+        )
+    };
+    let best = [
+        Algorithm::HierRing,
+        Algorithm::HierDoubling,
+        Algorithm::HierHalving,
+    ]
+    .into_iter()
+    .filter_map(|a| a.between_hosts().map(|b| (a, time(b))))
+    .fold(None, |best: Option<(Algorithm, f64)>, (a, t)| match best {
+        Some((_, bt)) if bt <= t => best,
+        _ => Some((a, t)),
+    });
+    match best {
+        Some((a, t)) if t < flat_time * (1.0 - 1e-9) => a,
+        _ => flat,
     }
 }
 
@@ -250,11 +344,7 @@ mod tests {
     fn tiny_messages_double_and_large_ones_ring_at_every_world_size() {
         for shm in [false, true] {
             for world in 2..=64 {
-                let cost = link_cost(Fabric {
-                    world,
-                    all_shared_memory: shm,
-                    one_host: true,
-                });
+                let cost = link_cost(Fabric::flat(world, shm, true));
                 assert_eq!(
                     cheaper_allreduce(8, world, cost, !shm),
                     Algorithm::RecursiveDoubling,
@@ -319,17 +409,14 @@ mod tests {
     #[test]
     fn over_tcp_the_pick_of_three_is_within_a_fifth_of_the_fastest() {
         for (world, run) in [(2, TCP_2_THREE), (4, TCP_4_THREE)] {
-            let cost = link_cost(Fabric {
-                world,
-                all_shared_memory: false,
-                one_host: true,
-            });
+            let cost = link_cost(Fabric::flat(world, false, true));
             for (bytes, ring, rd, hd) in run {
                 let picked = cheaper_allreduce(bytes, world, cost, true);
                 let time = match picked {
                     Algorithm::Ring => ring,
                     Algorithm::RecursiveDoubling => rd,
                     Algorithm::HalvingDoubling => hd,
+                    other => panic!("a flat fabric picked {other:?}"),
                 };
                 let fastest = ring.min(rd).min(hd);
                 assert!(
@@ -342,6 +429,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn hosts(hosts: usize, per_host: usize) -> Fabric {
+        Fabric {
+            world: hosts * per_host,
+            all_shared_memory: false,
+            one_host: hosts == 1,
+            hosts,
+            largest_host: per_host,
+            shm_inside_hosts: true,
+        }
+    }
+
+    /// Several hosts with several ranks each: the hierarchy wins at every size by the model
+    /// (few slow steps for small messages, 1/l of the data per rank across for large ones);
+    /// one host, or one rank per host, leaves nothing for it to save.
+    #[test]
+    fn the_hierarchy_is_picked_only_where_ranks_share_hosts() {
+        for bytes in [8usize, 64 << 10, 16 << 20, 256 << 20] {
+            for (h, l) in [(2, 4), (4, 2), (8, 2), (2, 2)] {
+                let picked = cheapest_on(bytes, hosts(h, l));
+                assert!(
+                    picked.between_hosts().is_some(),
+                    "{h}x{l} {bytes} B: {picked:?}"
+                );
+            }
+            for fabric in [hosts(1, 8), hosts(8, 1), Fabric::flat(8, true, true)] {
+                let picked = cheapest_on(bytes, fabric);
+                assert!(
+                    picked.between_hosts().is_none(),
+                    "{fabric:?} {bytes} B: {picked:?}"
+                );
+            }
+        }
+        // Between many hosts, small messages take doubling, large ones the ring or halving.
+        assert_eq!(cheapest_on(8, hosts(8, 2)), Algorithm::HierDoubling);
+        assert_ne!(cheapest_on(256 << 20, hosts(8, 2)), Algorithm::HierDoubling);
+    }
+
+    /// The bound the hierarchy is built for, in the model: 2 hosts × 4 ranks, 256 MiB, the
+    /// link between the hosts 30× slower than shared memory: the hierarchy takes about
+    /// 1/1.75 of the flat ring's time (the boundary carries n instead of 1.75·n).
+    #[test]
+    fn over_a_slow_link_the_model_approaches_the_boundary_bound() {
+        let inside = measured::SHM_4;
+        let across = LinkCost {
+            alpha: 100e-6,
+            beta: 1.0 / 0.08e9,
+            gamma: inside.gamma,
+        };
+        let bytes = 256 << 20;
+        let flat = allreduce_seconds(Algorithm::Ring, bytes, 8, across);
+        let hier = hierarchical_seconds(Algorithm::Ring, bytes, 2, 4, inside, across);
+        let ratio = flat / hier;
+        assert!(
+            (1.6..1.75).contains(&ratio),
+            "flat / hierarchical = {ratio:.3}"
+        );
     }
 
     #[test]
@@ -361,11 +506,7 @@ mod tests {
         use crate::schedule::{Collective, connections_per_peer};
         use bcl_backends::ReduceOp;
         let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
-        let fabric = |world, all_shared_memory, one_host| Fabric {
-            world,
-            all_shared_memory,
-            one_host,
-        };
+        let fabric = Fabric::flat;
         let pair = fabric(2, false, true);
         assert_eq!(
             connections_per_peer(allreduce, ONE_CONNECTION_FROM, pair),

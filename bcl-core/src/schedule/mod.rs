@@ -10,6 +10,7 @@ pub mod cost;
 pub mod direct;
 mod doubling;
 mod halving;
+mod hierarchical;
 pub mod plan;
 pub mod ring;
 
@@ -223,6 +224,14 @@ pub enum Algorithm {
     /// Halving-doubling (Rabenseifner) for allreduce: reduce-scatter by recursive halving,
     /// allgather by recursive doubling; the ring's bandwidth in 2·log2(n) steps.
     HalvingDoubling,
+    /// Hierarchical ([`hierarchical`]): inside each host over its local links, between hosts
+    /// one rank per host and share (a "rail"), the hosts joined by a ring. For allreduce,
+    /// broadcast and reduce; other collectives use their flat plans.
+    HierRing,
+    /// Hierarchical, the hosts joined by recursive doubling (latency across many hosts).
+    HierDoubling,
+    /// Hierarchical, the hosts joined by halving-doubling.
+    HierHalving,
 }
 
 impl Algorithm {
@@ -231,8 +240,31 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "rd",
             Algorithm::HalvingDoubling => "hd",
+            Algorithm::HierRing => "hier-ring",
+            Algorithm::HierDoubling => "hier-rd",
+            Algorithm::HierHalving => "hier-hd",
         }
     }
+
+    /// For a hierarchical algorithm, the flat algorithm that joins the hosts.
+    pub fn between_hosts(self) -> Option<Algorithm> {
+        match self {
+            Algorithm::HierRing => Some(Algorithm::Ring),
+            Algorithm::HierDoubling => Some(Algorithm::RecursiveDoubling),
+            Algorithm::HierHalving => Some(Algorithm::HalvingDoubling),
+            _ => None,
+        }
+    }
+
+    /// Every algorithm, flat ones first.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
+        Algorithm::HierRing,
+        Algorithm::HierDoubling,
+        Algorithm::HierHalving,
+    ];
 }
 
 impl std::str::FromStr for Algorithm {
@@ -242,7 +274,12 @@ impl std::str::FromStr for Algorithm {
             "ring" => Ok(Algorithm::Ring),
             "rd" | "recursive-doubling" => Ok(Algorithm::RecursiveDoubling),
             "hd" | "halving-doubling" | "rabenseifner" => Ok(Algorithm::HalvingDoubling),
-            other => Err(format!("unknown algorithm '{other}' (ring, rd, hd)")),
+            "hier" | "hier-ring" => Ok(Algorithm::HierRing),
+            "hier-rd" => Ok(Algorithm::HierDoubling),
+            "hier-hd" => Ok(Algorithm::HierHalving),
+            other => Err(format!(
+                "unknown algorithm '{other}' (ring, rd, hd, hier-ring, hier-rd, hier-hd)"
+            )),
         }
     }
 }
@@ -255,20 +292,40 @@ pub struct Fabric {
     pub all_shared_memory: bool,
     /// Every rank is on one host (over TCP: every link is loopback).
     pub one_host: bool,
+    /// How many hosts, and the most ranks on one of them ([`Layout::hosts`]).
+    pub hosts: usize,
+    pub largest_host: usize,
+    /// Every link between two ranks of one host is shared memory.
+    pub shm_inside_hosts: bool,
+}
+
+impl Fabric {
+    /// A fabric without a host structure to exploit: every rank on one host, or (with
+    /// `one_host` false) each on its own.
+    pub fn flat(world: usize, all_shared_memory: bool, one_host: bool) -> Fabric {
+        Fabric {
+            world,
+            all_shared_memory,
+            one_host,
+            hosts: if one_host { 1 } else { world },
+            largest_host: if one_host { world } else { 1 },
+            shm_inside_hosts: all_shared_memory,
+        }
+    }
 }
 
 /// The algorithm for `collective` over `bytes` (the whole buffer): for allreduce the cheapest
 /// of ring, recursive doubling and (where a link is not shared memory) halving-doubling by
 /// the measured cost model ([`cost`]), the ring otherwise.
 /// Pure, so that every rank picks the same.
+///
+/// With ranks on several hosts and more than one on some host, the hierarchical algorithms
+/// compete too ([`cost::cheapest_on`]). Broadcast and reduce keep the flat chain under auto:
+/// it follows the ring, which keeps hosts together, so it crosses each host boundary once
+/// with the data as the hierarchical chain does (that one only when forced).
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
     match collective {
-        Collective::AllReduce { .. } if fabric.world > 1 => cost::cheaper_allreduce(
-            bytes,
-            fabric.world,
-            cost::link_cost(fabric),
-            !fabric.all_shared_memory,
-        ),
+        Collective::AllReduce { .. } if fabric.world > 1 => cost::cheapest_on(bytes, fabric),
         _ => Algorithm::Ring,
     }
 }
@@ -287,7 +344,7 @@ pub fn connections_per_peer(collective: Collective, bytes: usize, fabric: Fabric
     }
 }
 
-/// The place of one rank among the others: its rank and the ring order.
+/// The place of one rank among the others: its rank, the ring order and the hosts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     rank: usize,
@@ -295,6 +352,10 @@ pub struct Layout {
     ring: Vec<usize>,
     /// Rank → ring position.
     position: Vec<usize>,
+    /// The ranks of each host, hosts in ring order (one host of every rank unless told).
+    hosts: Vec<Vec<usize>>,
+    /// Rank → index in `hosts`.
+    host_of: Vec<usize>,
 }
 
 impl Layout {
@@ -315,6 +376,8 @@ impl Layout {
         }
         Ok(Layout {
             rank,
+            hosts: vec![ring.clone()],
+            host_of: vec![0; n],
             ring,
             position,
         })
@@ -326,7 +389,44 @@ impl Layout {
             rank,
             ring: (0..world).collect(),
             position: (0..world).collect(),
+            hosts: vec![(0..world).collect()],
+            host_of: vec![0; world],
         }
+    }
+
+    /// This layout with its ranks grouped into `hosts` (each rank in exactly one, no host
+    /// empty), which the hierarchical algorithms follow. The ring is not changed.
+    pub fn with_hosts(mut self, hosts: Vec<Vec<usize>>) -> Result<Self, String> {
+        let n = self.world();
+        let mut host_of = vec![usize::MAX; n];
+        for (h, ranks) in hosts.iter().enumerate() {
+            if ranks.is_empty() {
+                return Err(format!("host {h} of the topology {hosts:?} has no rank"));
+            }
+            for &r in ranks {
+                if r >= n || host_of[r] != usize::MAX {
+                    return Err(format!(
+                        "the topology {hosts:?} does not place each rank of 0..{n} on exactly one host"
+                    ));
+                }
+                host_of[r] = h;
+            }
+        }
+        if let Some(r) = host_of.iter().position(|&h| h == usize::MAX) {
+            return Err(format!("the topology {hosts:?} places rank {r} on no host"));
+        }
+        self.hosts = hosts;
+        self.host_of = host_of;
+        Ok(self)
+    }
+
+    /// The ranks of each host.
+    pub fn hosts(&self) -> &[Vec<usize>] {
+        &self.hosts
+    }
+    /// The index in [`Layout::hosts`] of the host of `rank`.
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.host_of[rank]
     }
 
     pub fn rank(&self) -> usize {
@@ -392,6 +492,37 @@ pub fn build_plan(
     let slice = slice_elems.max(1);
     let (n, rank) = (layout.world(), layout.rank());
     let mut b = PlanBuilder::new();
+    if let Some(between) = algorithm.between_hosts()
+        && hierarchical::plannable(layout, count, slice)
+    {
+        match collective {
+            Collective::AllReduce { op } => {
+                hierarchical::allreduce(
+                    &mut b,
+                    layout,
+                    count,
+                    in_place,
+                    reduction(op),
+                    between,
+                    slice,
+                );
+                return b.finish();
+            }
+            Collective::Broadcast { root } => {
+                hierarchical::broadcast(&mut b, layout, root, count, in_place, slice);
+                return b.finish();
+            }
+            Collective::Reduce { op, root } => {
+                hierarchical::reduce(&mut b, layout, root, count, in_place, reduction(op), slice);
+                return b.finish();
+            }
+            _ => {}
+        }
+    }
+    let algorithm = match algorithm.between_hosts() {
+        Some(_) => Algorithm::Ring,
+        None => algorithm,
+    };
     match collective {
         Collective::AllReduce { op } if algorithm == Algorithm::RecursiveDoubling => {
             doubling::allreduce(&mut b, layout, count, in_place, reduction(op));

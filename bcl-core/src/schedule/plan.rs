@@ -98,6 +98,11 @@ impl PlanBuilder {
         self.plan.scratch_elems = self.plan.scratch_elems.max(elems);
     }
 
+    /// The index the next step will get.
+    pub fn next_index(&self) -> usize {
+        self.plan.steps.len()
+    }
+
     /// Add a step; returns its index.
     pub fn push(&mut self, action: Action) -> usize {
         self.push_after(action, &[])

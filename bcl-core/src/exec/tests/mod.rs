@@ -30,15 +30,12 @@ fn seeds() -> Vec<u64> {
 fn kinds() -> Vec<(Collective, Algorithm)> {
     let mut out = Vec::new();
     for op in ReduceOp::ALL {
-        for algorithm in [
-            Algorithm::Ring,
-            Algorithm::RecursiveDoubling,
-            Algorithm::HalvingDoubling,
-        ] {
+        for algorithm in Algorithm::ALL {
             out.push((Collective::AllReduce { op }, algorithm));
         }
         out.push((Collective::ReduceScatter { op }, Algorithm::Ring));
         out.push((Collective::Reduce { op, root: 0 }, Algorithm::Ring));
+        out.push((Collective::Reduce { op, root: 0 }, Algorithm::HierRing));
     }
     for c in [
         Collective::AllGather,
@@ -51,7 +48,20 @@ fn kinds() -> Vec<(Collective, Algorithm)> {
     ] {
         out.push((c, Algorithm::Ring));
     }
+    out.push((Collective::Broadcast { root: 0 }, Algorithm::HierRing));
     out
+}
+
+/// The ring cut into hosts of random sizes (1 to 4 ranks).
+fn draw_hosts(rng: &mut Rng, ring: &[usize]) -> Vec<Vec<usize>> {
+    let mut hosts = Vec::new();
+    let mut rest = ring;
+    while !rest.is_empty() {
+        let take = (1 + rng.below(4)).min(rest.len());
+        hosts.push(rest[..take].to_vec());
+        rest = &rest[take..];
+    }
+    hosts
 }
 
 /// A case of `collective` drawn from `rng`: world size, count, dtype, in place or not, slice
@@ -78,6 +88,7 @@ fn draw_case(rng: &mut Rng, collective: Collective, algorithm: Algorithm) -> Cas
     let no_in_place = collective.is_point_to_point() || collective == Collective::Barrier;
     let mut ring: Vec<usize> = (0..world).collect();
     rng.shuffle(&mut ring);
+    let hosts = draw_hosts(rng, &ring);
     Case {
         collective,
         algorithm,
@@ -88,6 +99,7 @@ fn draw_case(rng: &mut Rng, collective: Collective, algorithm: Algorithm) -> Cas
         // At most a few hundred messages a chunk, so the virtual network stays fast.
         slice_elems: [1, 3, 16, 64, 1000][rng.below(5)].max(count / 64),
         ring,
+        hosts,
         on_device: (0..world).map(|_| rng.below(3) == 0).collect(),
     }
 }
@@ -158,6 +170,7 @@ fn ring_case(world: usize) -> Case {
         in_place: false,
         slice_elems: 8,
         ring: (0..world).collect(),
+        hosts: vec![(0..world).collect()],
         on_device: vec![false; world],
     }
 }

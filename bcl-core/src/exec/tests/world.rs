@@ -24,6 +24,8 @@ pub struct Case {
     pub slice_elems: usize,
     /// Ring position → rank.
     pub ring: Vec<usize>,
+    /// The ranks of each host (the hierarchical algorithms follow them).
+    pub hosts: Vec<Vec<usize>>,
     /// Ranks whose buffers live on a `sim` device (reached through the accelerator only).
     pub on_device: Vec<bool>,
 }
@@ -167,7 +169,9 @@ fn run_ranks(cases: &[&Case], seed: u64, faults: Faults, stalled: Option<usize>)
 fn plan(case: &Case, r: usize) -> Plan {
     match rank_collective(case, r) {
         Some(c) => {
-            let layout = Layout::new(r, case.ring.clone()).expect("a permutation");
+            let layout = Layout::new(r, case.ring.clone())
+                .and_then(|l| l.with_hosts(case.hosts.clone()))
+                .expect("a permutation and a partition");
             build_plan(
                 c,
                 case.algorithm,

@@ -1,0 +1,411 @@
+//! Hierarchical collectives: the ranks of a host work together over their local links (shared
+//! memory), and only a few messages cross between hosts, where the links are slow.
+//!
+//! Allreduce, in three phases over the buffer cut into `L` parts (`L` the rank count of the
+//! largest host), as NCCL's intra-node-first algorithms, HCCL's hierarchical ones and FlagCX's
+//! planner for mixed vendors do:
+//!
+//! ```text
+//!   host A: a0 a1 a2 a3        1. inside each host, part j is reduced onto its owner
+//!   host B: b0 b1 b2 b3           (local rank j): every rank sends the parts it does not own
+//!                                 straight to their owners, one step over shared memory;
+//!   rail j: aj ── bj           2. the owners of part j on every host (rail j) allreduce it
+//!                                 between hosts: ring, recursive doubling or halving-doubling;
+//!                              3. inside each host, each owner sends its reduced part to the
+//!                                 others.
+//! ```
+//!
+//! Each rank's network path carries 1/L of the data; a host's boundary carries 2(H−1)/H·n per
+//! direction for H hosts, where each edge of the flat ring that crosses it carries
+//! 2(p−1)/p·n (2 hosts × 4 ranks: n against 1.75·n).
+//!
+//! Uneven hosts (3 + 1, 2 + 2 + 1): on a host of `l < L` ranks, local rank i owns parts
+//! `[i·L/l, (i+1)·L/l)`; consecutive parts with the same owner on every host form one segment,
+//! reduced by one rail (a rank of a small host sits on several rails).
+//!
+//! Broadcast: a chain between one rank per host (the root on its host, the first rank on
+//! the others), then a chain inside each host from that rank. Reduce: the same backwards.
+//!
+//! Phases and rails are sub-plans of the flat algorithms built on a sub-layout and embedded
+//! ([`embed`]): peers mapped to the members' ranks, tags moved to the phase's own range,
+//! regions to where the phase works. The builder adds the hazards between phases, so a slice
+//! reduced in phase 1 goes on in phase 2 while later slices are still arriving.
+
+use super::plan::BufferId::{Input, Output, Scratch};
+use super::plan::{Action, BufferId, Plan, PlanBuilder, Region};
+use super::ring::part;
+use super::{Algorithm, Collective, Layout, Reduction, build_plan};
+use bcl_backends::ReduceOp;
+
+/// Rails and the second phase of rooted collectives use tags from `(index + 1) << RAIL_SHIFT`;
+/// the in-host phases of allreduce use tags below `RESULT_TAGS` and `2 · RESULT_TAGS`.
+const RAIL_SHIFT: u32 = 24;
+const RESULT_TAGS: u32 = 1 << 22;
+/// Segments (and so rails) of one allreduce at most, so that every rail's tags fit in u32.
+const MAX_SEGMENTS: usize = 250;
+
+/// Whether the hierarchical plans fit their tag ranges for this call. Every rank computes the
+/// same answer (from the layout's hosts, the count and the slice size); where it is false
+/// the flat ring runs instead.
+pub(crate) fn plannable(layout: &Layout, count: usize, slice: usize) -> bool {
+    let hosts = layout.hosts().len();
+    let slices = count.div_ceil(slice.max(1)) + MAX_SEGMENTS;
+    // A flat plan among h ranks uses fewer than 2·(h + 1)·slices tags (ring: 2(h−1)·slices;
+    // doubling and halving: 2·log2(h) + 2 per slice at most).
+    let rail_tags = 2usize.saturating_mul(hosts + 1).saturating_mul(slices);
+    let largest = layout.hosts().iter().map(Vec::len).max().unwrap_or(1);
+    largest <= MAX_SEGMENTS && slices < RESULT_TAGS as usize && rail_tags < (1 << RAIL_SHIFT)
+}
+
+/// Consecutive parts with the same owner on every host.
+struct Segment {
+    offset: usize,
+    len: usize,
+    /// The owner's rank on each host.
+    owners: Vec<usize>,
+}
+
+fn segments(layout: &Layout, count: usize) -> Vec<Segment> {
+    let hosts = layout.hosts();
+    let parts = hosts.iter().map(Vec::len).max().unwrap_or(1);
+    let mut out: Vec<Segment> = Vec::new();
+    for j in 0..parts {
+        let (offset, len) = part(count, parts, j);
+        let owners: Vec<usize> = hosts.iter().map(|h| h[j * h.len() / parts]).collect();
+        match out.last_mut() {
+            Some(s) if s.owners == owners => s.len += len,
+            _ => out.push(Segment {
+                offset,
+                len,
+                owners,
+            }),
+        }
+    }
+    out
+}
+
+/// The (offset, len) slices of `len` elements from `offset`, at most `slice` each.
+fn slices(offset: usize, len: usize, slice: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = len.div_ceil(slice.max(1)).max(1);
+    (0..n).map(move |s| {
+        let (o, l) = part(len, n, s);
+        (offset + o, l)
+    })
+}
+
+/// Where an embedded sub-plan's buffers lie in the outer plan.
+#[derive(Clone, Copy)]
+struct Place {
+    /// The outer buffer and offset of the sub-plan's `Output` (and `Input`, if it uses one).
+    output: (BufferId, usize),
+    input: (BufferId, usize),
+    /// The offset in the outer scratch of the sub-plan's scratch.
+    scratch_at: usize,
+}
+
+impl Place {
+    fn at(buffer: BufferId, offset: usize, scratch_at: usize) -> Self {
+        Place {
+            output: (buffer, offset),
+            input: (Input, offset),
+            scratch_at,
+        }
+    }
+
+    fn map(&self, r: Region) -> Region {
+        let (buffer, base) = match r.buffer {
+            Output => self.output,
+            Input => self.input,
+            Scratch => (Scratch, self.scratch_at),
+        };
+        Region::new(buffer, base + r.offset, r.len)
+    }
+}
+
+/// Append `sub` (a plan among `members`, sub-rank i being rank `members[i]`) to `b`: peers
+/// mapped, tags moved up by `tag_base`, regions placed by `place`. The sub-plan's own
+/// dependencies are kept; the builder adds the hazards with the outer plan's steps.
+fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, place: Place) {
+    let first = b.next_index();
+    b.scratch(place.scratch_at + sub.scratch_elems);
+    for step in &sub.steps {
+        let action = match &step.action {
+            Action::Send { peer, tag, from } => Action::Send {
+                peer: members[*peer],
+                tag: tag_base + tag,
+                from: place.map(*from),
+            },
+            Action::Recv {
+                peer,
+                tag,
+                into,
+                reduce,
+                seed,
+            } => Action::Recv {
+                peer: members[*peer],
+                tag: tag_base + tag,
+                into: place.map(*into),
+                reduce: *reduce,
+                seed: seed.map(|s| place.map(s)),
+            },
+            Action::Copy { from, to } => Action::Copy {
+                from: place.map(*from),
+                to: place.map(*to),
+            },
+            Action::Divide { region } => Action::Divide {
+                region: place.map(*region),
+            },
+        };
+        let after: Vec<usize> = step.deps.iter().map(|d| first + d).collect();
+        b.push_after(action, &after);
+    }
+}
+
+/// The plan of a flat collective among `members` for the member at `index`.
+fn sub_plan(
+    collective: Collective,
+    algorithm: Algorithm,
+    index: usize,
+    members: usize,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+) -> Plan {
+    build_plan(
+        collective,
+        algorithm,
+        &Layout::linear(index, members),
+        count,
+        in_place,
+        slice,
+    )
+}
+
+pub(crate) fn allreduce(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    count: usize,
+    in_place: bool,
+    reduction: Reduction,
+    between: Algorithm,
+    slice: usize,
+) {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = &layout.hosts()[host];
+    let segs = segments(layout, count);
+    let source = if in_place { Output } else { Input };
+
+    // 1. Each part onto its owner in this host, the owner's own contribution as the seed.
+    let mut tag = 0u32;
+    for seg in &segs {
+        let owner = seg.owners[host];
+        for (at, len) in slices(seg.offset, seg.len, slice) {
+            if len > 0 && me == owner {
+                let mut seed = (!in_place).then(|| Region::new(Input, at, len));
+                if local.len() == 1 && !in_place {
+                    b.push(Action::Copy {
+                        from: Region::new(Input, at, len),
+                        to: Region::new(Output, at, len),
+                    });
+                }
+                for &peer in local.iter().filter(|&&r| r != me) {
+                    b.push(Action::Recv {
+                        peer,
+                        tag,
+                        into: Region::new(Output, at, len),
+                        reduce: true,
+                        seed: seed.take(),
+                    });
+                }
+            } else if len > 0 {
+                b.push(Action::Send {
+                    peer: owner,
+                    tag,
+                    from: Region::new(source, at, len),
+                });
+            }
+            tag += 1;
+        }
+    }
+
+    // 2. Each owned segment between hosts, over its rail.
+    let hosts = layout.hosts().len();
+    let mut scratch_at = 0;
+    for (index, seg) in segs.iter().enumerate() {
+        if seg.owners[host] != me || seg.len == 0 {
+            continue;
+        }
+        if hosts > 1 {
+            let sum = Collective::AllReduce { op: ReduceOp::Sum };
+            let rail = sub_plan(sum, between, host, hosts, seg.len, true, slice);
+            let tag_base = ((index + 1) as u32) << RAIL_SHIFT;
+            embed(
+                b,
+                &rail,
+                &seg.owners,
+                tag_base,
+                Place::at(Output, seg.offset, scratch_at),
+            );
+            scratch_at += rail.scratch_elems;
+        }
+        if reduction.average {
+            for (at, len) in slices(seg.offset, seg.len, slice) {
+                b.push(Action::Divide {
+                    region: Region::new(Output, at, len),
+                });
+            }
+        }
+    }
+
+    // 3. Each owner's result to the rest of its host.
+    let mut tag = RESULT_TAGS;
+    for seg in &segs {
+        let owner = seg.owners[host];
+        for (at, len) in slices(seg.offset, seg.len, slice) {
+            let region = Region::new(Output, at, len);
+            if len > 0 && me == owner {
+                for &peer in local.iter().filter(|&&r| r != me) {
+                    b.push(Action::Send {
+                        peer,
+                        tag,
+                        from: region,
+                    });
+                }
+            } else if len > 0 {
+                b.push(Action::Recv {
+                    peer: owner,
+                    tag,
+                    into: region,
+                    reduce: false,
+                    seed: None,
+                });
+            }
+            tag += 1;
+        }
+    }
+}
+
+/// The rank of each host that talks to the other hosts: `root` on its own, the first rank
+/// of the others.
+fn leaders(layout: &Layout, root: usize) -> Vec<usize> {
+    let root_host = layout.host_of(root);
+    (layout.hosts().iter().enumerate())
+        .map(|(h, ranks)| if h == root_host { root } else { ranks[0] })
+        .collect()
+}
+
+pub(crate) fn broadcast(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    root: usize,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+) {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = &layout.hosts()[host];
+    let leaders = leaders(layout, root);
+    let leader = leaders[host];
+    let broadcast = |root| Collective::Broadcast { root };
+    // Between hosts: a chain of leaders from the root (the root copies its input to its
+    // output on the way, out of place).
+    if me == leader {
+        let sub_root = layout.host_of(root);
+        let sub = sub_plan(
+            broadcast(sub_root),
+            Algorithm::Ring,
+            host,
+            leaders.len(),
+            count,
+            in_place,
+            slice,
+        );
+        embed(b, &sub, &leaders, 0, Place::at(Output, 0, 0));
+    }
+    // Inside the host: a chain from its leader, whose output holds the data by now.
+    let index = local.iter().position(|&r| r == me).unwrap_or(0);
+    let sub_root = local.iter().position(|&r| r == leader).unwrap_or(0);
+    let sub = sub_plan(
+        broadcast(sub_root),
+        Algorithm::Ring,
+        index,
+        local.len(),
+        count,
+        true,
+        slice,
+    );
+    embed(b, &sub, local, 1 << RAIL_SHIFT, Place::at(Output, 0, 0));
+}
+
+pub(crate) fn reduce(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    root: usize,
+    count: usize,
+    in_place: bool,
+    reduction: Reduction,
+    slice: usize,
+) {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = &layout.hosts()[host];
+    let leaders = leaders(layout, root);
+    let leader = leaders[host];
+    let sum = |root| Collective::Reduce {
+        op: ReduceOp::Sum,
+        root,
+    };
+    // Out of place, only the root has an output: a leader elsewhere gathers its host's sum in
+    // scratch (the first `count` elements; the sub-plans' own scratch after it).
+    let (acc, scratch_at) = if me == root || in_place {
+        (Output, count)
+    } else {
+        b.scratch(count);
+        (Scratch, count)
+    };
+    let index = local.iter().position(|&r| r == me).unwrap_or(0);
+    let sub_root = local.iter().position(|&r| r == leader).unwrap_or(0);
+    let sub = sub_plan(
+        sum(sub_root),
+        Algorithm::Ring,
+        index,
+        local.len(),
+        count,
+        in_place,
+        slice,
+    );
+    let place = Place {
+        output: (if me == leader { acc } else { source(in_place) }, 0),
+        input: (Input, 0),
+        scratch_at,
+    };
+    embed(b, &sub, local, 0, place);
+    if me == leader {
+        let sub_root = layout.host_of(root);
+        let sub = sub_plan(
+            sum(sub_root),
+            Algorithm::Ring,
+            host,
+            leaders.len(),
+            count,
+            true,
+            slice,
+        );
+        let place = Place::at(acc, 0, scratch_at + count);
+        embed(b, &sub, &leaders, 1 << RAIL_SHIFT, place);
+    }
+    if me == root && reduction.average {
+        for (at, len) in slices(0, count, slice) {
+            b.push(Action::Divide {
+                region: Region::new(Output, at, len),
+            });
+        }
+    }
+}
+
+/// Where a rank's own contribution is.
+fn source(in_place: bool) -> BufferId {
+    if in_place { Output } else { Input }
+}

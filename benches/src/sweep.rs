@@ -124,6 +124,7 @@ fn row(
             algbw_gbs: algbw,
             busbw_gbs: algbw * table::busbw_factor(c, n),
             wrong,
+            algorithm: comm.algorithm_for(c, count * dtype.size()).name().into(),
         });
     }
     Ok(pair)

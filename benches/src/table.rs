@@ -20,6 +20,8 @@ pub struct Measurement {
     pub algbw_gbs: f64,
     pub busbw_gbs: f64,
     pub wrong: u64,
+    /// The algorithm the call ran with (`hier-ring`, `ring`, ...).
+    pub algorithm: String,
 }
 
 /// nccl-tests' bus bandwidth factor: what fraction of the data each link must carry.
@@ -38,9 +40,9 @@ pub fn busbw_factor(collective: Collective, n: usize) -> f64 {
 
 pub fn header() -> String {
     [
-        "#                                                              out-of-place                       in-place          ",
-        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+        "#                                                              out-of-place                       in-place                    ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong      algo",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)                 ",
     ]
     .join("\n")
 }
@@ -60,14 +62,15 @@ fn half(m: &Measurement) -> String {
 /// One table row from its out-of-place and in-place measurements.
 pub fn row(oop: &Measurement, ip: &Measurement) -> String {
     format!(
-        "{:12} {:13} {:>9} {:>7} {:7}{}{}",
+        "{:12} {:13} {:>9} {:>7} {:7}{}{} {:>9}",
         oop.size_bytes,
         oop.count,
         oop.dtype,
         oop.redop,
         oop.root,
         half(oop),
-        half(ip)
+        half(ip),
+        oop.algorithm
     )
 }
 
@@ -104,6 +107,7 @@ mod tests {
             algbw_gbs: busbw,
             busbw_gbs: busbw,
             wrong,
+            algorithm: "ring".into(),
         }
     }
 

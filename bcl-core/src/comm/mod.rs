@@ -181,6 +181,7 @@ impl Communicator {
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
         (self.shared.config.algorithm)
             .unwrap_or_else(|| crate::schedule::select(collective, bytes, self.shared.fabric))
+            .for_collective(collective)
     }
 
     /// The first fault that poisoned this communicator, if any: an error of this rank's, or

@@ -207,8 +207,9 @@ fn begin<'e>(
         dtype: call.dtype,
     };
     let bytes = call.count * call.dtype.size();
-    let algorithm =
-        (shared.config.algorithm).unwrap_or_else(|| select(call.collective, bytes, shared.fabric));
+    let algorithm = (shared.config.algorithm)
+        .unwrap_or_else(|| select(call.collective, bytes, shared.fabric))
+        .for_collective(call.collective);
     let slice_elems = (shared.config.slice_bytes / call.dtype.size()).max(1);
     if let Some(counts) = &call.counts {
         let plan = plans.one_off(build_plan_v(

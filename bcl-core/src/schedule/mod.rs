@@ -256,6 +256,19 @@ impl Algorithm {
         }
     }
 
+    /// What actually runs when `self` is asked for `collective`: the doubling algorithms
+    /// exist for allreduce and the hierarchical ones for allreduce, broadcast and reduce;
+    /// every other collective runs its ring (or direct) plan.
+    pub fn for_collective(self, collective: Collective) -> Algorithm {
+        match (collective, self.between_hosts()) {
+            (Collective::AllReduce { .. }, _) => self,
+            (Collective::Broadcast { .. } | Collective::Reduce { .. }, Some(_)) => {
+                Algorithm::HierRing
+            }
+            _ => Algorithm::Ring,
+        }
+    }
+
     /// Every algorithm, flat ones first.
     pub const ALL: [Algorithm; 6] = [
         Algorithm::Ring,

@@ -7,15 +7,17 @@ use crate::peers::RankInfo;
 /// The ring: ranks of one host adjacent, and within a host ranks of one vendor adjacent, so
 /// that the ring crosses hosts and vendors as few times as possible. Deterministic: every
 /// rank computes the same order from the same infos.
+/// Hosts come in the order of their lowest rank, so the ring and the hosts read naturally
+/// (`[0, 1] [2, 3]`).
 pub fn ring_order(infos: &[RankInfo]) -> Vec<usize> {
+    let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for i in infos {
+        let f = first.entry(i.host_id.as_str()).or_insert(i.rank);
+        *f = (*f).min(i.rank);
+    }
+    let host_rank = |i: &RankInfo| first.get(i.host_id.as_str()).copied().unwrap_or(i.rank);
     let mut order: Vec<&RankInfo> = infos.iter().collect();
-    order.sort_by(|a, b| {
-        (&a.host_id, a.device.vendor.to_string(), a.rank).cmp(&(
-            &b.host_id,
-            b.device.vendor.to_string(),
-            b.rank,
-        ))
-    });
+    order.sort_by_key(|i| (host_rank(i), i.device.vendor.to_string(), i.rank));
     order.iter().map(|i| i.rank).collect()
 }
 
@@ -167,7 +169,7 @@ mod tests {
             info(3, "a", Vendor::Cpu),
             info(4, "a", Vendor::Sim),
         ];
-        assert_eq!(ring_order(&infos), vec![3, 1, 4, 0, 2]);
+        assert_eq!(ring_order(&infos), vec![0, 2, 3, 1, 4]);
         assert!(infos[2].label().0.contains("rank 2 (host b"));
     }
 
@@ -180,8 +182,8 @@ mod tests {
             info(3, "a", Vendor::Cpu),
         ];
         let (hosts, ring) = hosts_and_ring(&infos, None).expect("discovered");
-        assert_eq!(hosts, vec![vec![1, 3], vec![0, 2]]);
-        assert_eq!(ring, vec![1, 3, 0, 2]);
+        assert_eq!(hosts, vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(ring, vec![0, 2, 1, 3]);
         let spec = TopologySpec::Grid {
             hosts: 2,
             per_host: 2,

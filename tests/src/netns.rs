@@ -135,3 +135,82 @@ impl Mesh {
             })
     }
 }
+
+/// Test "hosts" as a cluster: `hosts` namespaces, each with one veth ("NIC") into a bridge
+/// (the "switch") in a namespace of its own, addresses 10.78.X.(i+1)/24; removed on drop.
+/// With a rate, every host's NIC sends at most that (`tc tbf` on its egress), so each
+/// host's traffic to all the others shares one shaped link, as with one NIC per host.
+#[derive(Debug)]
+pub struct Cluster {
+    pub namespaces: Vec<String>,
+    switch: String,
+    subnet: usize,
+}
+
+impl Cluster {
+    pub fn create(hosts: usize, rate: Option<&str>) -> Cluster {
+        let n = MESHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let id = format!("{}{n}", std::process::id());
+        let cluster = Cluster {
+            namespaces: (0..hosts).map(|i| format!("bcl{id}h{i}")).collect(),
+            switch: format!("bcl{id}sw"),
+            subnet: 100 + (std::process::id() as usize * 10 + n) % 150,
+        };
+        let sw = cluster.switch.as_str();
+        ip(&["netns", "add", sw]);
+        ip(&["-n", sw, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", sw, "link", "set", "br0", "up"]);
+        for (i, ns) in cluster.namespaces.iter().enumerate() {
+            let port = format!("p{i}");
+            ip(&["netns", "add", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "link", "add", "nic", "netns", ns, "type", "veth", "peer", "name", &port, "netns",
+                sw,
+            ]);
+            ip(&["-n", sw, "link", "set", &port, "master", "br0"]);
+            ip(&["-n", sw, "link", "set", &port, "up"]);
+            ip(&["-n", ns, "link", "set", "nic", "up"]);
+            let cidr = format!("{}/24", cluster.address(i));
+            ip(&["-n", ns, "addr", "add", &cidr, "dev", "nic"]);
+            if let Some(rate) = rate {
+                tc(
+                    ns,
+                    &[
+                        "qdisc", "add", "dev", "nic", "root", "tbf", "rate", rate, "burst",
+                        "256kb", "latency", "10ms",
+                    ],
+                );
+            }
+        }
+        cluster
+    }
+
+    /// The address of host `i`.
+    pub fn address(&self, i: usize) -> String {
+        format!("10.78.{}.{}", self.subnet, i + 1)
+    }
+}
+
+/// Run `tc args` inside namespace `ns`; fail the test loudly if it cannot.
+pub fn tc(ns: &str, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "tc"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `tc` (install iproute2; needs root): {e}"));
+    assert!(
+        out.status.success(),
+        "tc {} in {ns} failed (this test needs root and sch_tbf): {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().chain([&self.switch]) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}

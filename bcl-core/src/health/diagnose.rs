@@ -103,15 +103,24 @@ fn probe_via(inner: &Inner, witness: usize, target: usize) -> Option<Seen> {
     }
 }
 
-/// A rank that can check on `suspect` for us: its ring neighbours first, then anyone, never
-/// this rank, the suspect, or a rank that left.
+/// A rank that can check on `suspect` for us, never this rank, the suspect, or a rank that
+/// left: one on a third host first (a rank beside the suspect shares its network path, so
+/// when the link between our hosts is down we could not ask it either), then one beside the
+/// suspect, each time the suspect's ring neighbours first.
 fn witness_for(inner: &Inner, suspect: usize) -> Option<usize> {
     let ring = inner.ring.get()?;
     let n = ring.len();
     let at = ring.iter().position(|&r| r == suspect)?;
-    (1..n)
-        .flat_map(|d| [ring[(at + d) % n], ring[(at + n - d) % n]])
-        .find(|&r| r != inner.rank && r != suspect && !inner.is_departed(r))
+    let host = |r: usize| inner.peers().get(r).map(|p| p.host_id.as_str());
+    let third_host = |r: usize| host(r) != host(suspect) && host(r) != host(inner.rank);
+    let candidates = || {
+        (1..n)
+            .flat_map(|d| [ring[(at + d) % n], ring[(at + n - d) % n]])
+            .filter(|&r| r != inner.rank && r != suspect && !inner.is_departed(r))
+    };
+    candidates()
+        .find(|&r| third_host(r))
+        .or_else(|| candidates().next())
 }
 
 /// Find out what is wrong with `peer`.

@@ -132,11 +132,14 @@ fn suite(comm: &Communicator) -> ExitCode {
         .map(|p| format!("{p}={}", comm.link(p).map_or("self", |l| l.name())))
         .collect();
     println!(
-        "rank {} ran {} cases, {} failed; links {}",
+        "rank {} ran {} cases, {} failed; links {}; {}; allreduce 4 KiB by {}",
         comm.rank(),
         cases.len(),
         failures.len(),
-        links.join(",")
+        links.join(","),
+        comm.topology(),
+        comm.algorithm_for(Collective::AllReduce { op: ReduceOp::Sum }, 4096)
+            .name()
     );
     ExitCode::from(u8::from(!failures.is_empty()))
 }

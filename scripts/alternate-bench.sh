@@ -4,7 +4,8 @@
 # and busbw (GB/s, out of place) of each, and how often the second was faster than the first.
 #   [TRANSPORT=tcp|shm|auto] scripts/alternate-bench.sh NP ROUNDS "SIZES" "LABEL:VAR=VALUE ..." "LABEL:..." ...
 # A configuration is a label and environment assignments; BIN=PATH among them runs another
-# bcl-bench build (default target/release/bcl-bench). Example, one connection against two:
+# bcl-bench build (default target/release/bcl-bench), ARG=X adds X to its arguments (one per
+# ARG: "mixed:ARG=--devices=cpu,sim"). Example, one connection against two:
 #   scripts/alternate-bench.sh 2 6 "16M 64M" "two:BCL_SOCKETS_PER_OP=2" "one:BCL_SOCKETS_PER_OP=1"
 # Two builds (before/after a change), over shared memory:
 #   TRANSPORT=shm scripts/alternate-bench.sh 4 8 "8 64M" "before:BIN=../base/target/release/bcl-bench" "after:"
@@ -20,11 +21,11 @@ s = '$size'; v = int(s[:-1]) << {'K': 10, 'M': 20, 'G': 30}[s[-1]] if s[-1] in '
 print(max(3, min(200, int(2e8 / (v * max(1, $np - 1))))))")
   for _ in $(seq "$rounds"); do
     for cfg in "$@"; do
-      label=${cfg%%:*} bench=target/release/bcl-bench vars=()
+      label=${cfg%%:*} bench=target/release/bcl-bench vars=() args=()
       for kv in ${cfg#*:}; do
-        case $kv in BIN=*) bench=${kv#BIN=} ;; *) vars+=("$kv") ;; esac
+        case $kv in BIN=*) bench=${kv#BIN=} ;; ARG=*) args+=("${kv#ARG=}") ;; *) vars+=("$kv") ;; esac
       done
-      env "${vars[@]}" timeout 600 "$bench" allreduce --nranks "$np" --transport "$transport" \
+      env "${vars[@]}" timeout 600 "$bench" allreduce "${args[@]}" --nranks "$np" --transport "$transport" \
         -b "$size" -e "$size" -n "$iters" -w 1 -c 0 2>/dev/null |
         awk -v l="$label" '$1 ~ /^[0-9]+$/ {print l, $1, $6, $8}'
     done

@@ -19,6 +19,9 @@
 //! direction for H hosts, where each edge of the flat ring that crosses it carries
 //! 2(p−1)/p·n (2 hosts × 4 ranks: n against 1.75·n).
 //!
+//! Small messages (a share below [`SMALL_SHARE`] elements or one slice) take one part: one
+//! rail, the first rank of each host, as NCCL's tree does (reduce onto it, across, back).
+//!
 //! Uneven hosts (3 + 1, 2 + 2 + 1): on a host of `l < L` ranks, local rank i owns parts
 //! `[i·L/l, (i+1)·L/l)`; consecutive parts with the same owner on every host form one segment,
 //! reduced by one rail (a rank of a small host sits on several rails).
@@ -65,9 +68,20 @@ struct Segment {
     owners: Vec<usize>,
 }
 
-fn segments(layout: &Layout, count: usize) -> Vec<Segment> {
+/// Below this many elements per share (or one slice, if smaller) an allreduce runs one rail
+/// (the first rank of each host): a step between hosts costs its α whatever its size, and
+/// where a host runs more ranks than cores, the fewer ranks on the network the sooner each
+/// gets a core.
+const SMALL_SHARE: usize = 1024;
+
+fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
     let hosts = layout.hosts();
-    let parts = hosts.iter().map(Vec::len).max().unwrap_or(1);
+    let largest = hosts.iter().map(Vec::len).max().unwrap_or(1);
+    let parts = if count < largest * SMALL_SHARE.min(slice) {
+        1
+    } else {
+        largest
+    };
     let mut out: Vec<Segment> = Vec::new();
     for j in 0..parts {
         let (offset, len) = part(count, parts, j);
@@ -193,44 +207,42 @@ pub(crate) fn allreduce(
     let me = layout.rank();
     let host = layout.host_of(me);
     let local = &layout.hosts()[host];
-    let segs = segments(layout, count);
+    let segs = segments(layout, count, slice);
     let source = if in_place { Output } else { Input };
 
     // 1. Each part onto its owner in this host, the owner's own contribution as the seed.
-    let mut tag = 0u32;
-    for seg in &segs {
-        let owner = seg.owners[host];
-        for (at, len) in slices(seg.offset, seg.len, slice) {
-            if len > 0 && me == owner {
-                let mut seed = (!in_place).then(|| Region::new(Input, at, len));
-                if local.len() == 1 && !in_place {
-                    b.push(Action::Copy {
-                        from: Region::new(Input, at, len),
-                        to: Region::new(Output, at, len),
-                    });
-                }
-                for &peer in local.iter().filter(|&&r| r != me) {
-                    b.push(Action::Recv {
-                        peer,
-                        tag,
-                        into: Region::new(Output, at, len),
-                        reduce: true,
-                        seed: seed.take(),
-                    });
-                }
-            } else if len > 0 {
-                b.push(Action::Send {
-                    peer: owner,
-                    tag,
-                    from: Region::new(source, at, len),
+    // Tags number the slices segment by segment; the steps go in the order the rails will
+    // want them (`phase_one_order`), so the link between hosts has work from the start.
+    let hosts = layout.hosts().len();
+    for (tag, at, len, seg) in phase_one_order(&segs, host, hosts, between, slice) {
+        let owner = segs[seg].owners[host];
+        if len > 0 && me == owner {
+            let mut seed = (!in_place).then(|| Region::new(Input, at, len));
+            if local.len() == 1 && !in_place {
+                b.push(Action::Copy {
+                    from: Region::new(Input, at, len),
+                    to: Region::new(Output, at, len),
                 });
             }
-            tag += 1;
+            for &peer in local.iter().filter(|&&r| r != me) {
+                b.push(Action::Recv {
+                    peer,
+                    tag,
+                    into: Region::new(Output, at, len),
+                    reduce: true,
+                    seed: seed.take(),
+                });
+            }
+        } else if len > 0 {
+            b.push(Action::Send {
+                peer: owner,
+                tag,
+                from: Region::new(source, at, len),
+            });
         }
     }
 
     // 2. Each owned segment between hosts, over its rail.
-    let hosts = layout.hosts().len();
     let mut scratch_at = 0;
     for (index, seg) in segs.iter().enumerate() {
         if seg.owners[host] != me || seg.len == 0 {
@@ -284,6 +296,41 @@ pub(crate) fn allreduce(
             tag += 1;
         }
     }
+}
+
+/// The slices of phase 1 as (tag, offset, len, segment), in the order a host sends them.
+/// A ring rail at host position h first sends chunk h−1 of its segment, then h−2, ...: its
+/// host reduces the slices of those chunks first (in segment order otherwise the rail at
+/// position 0 of 2 would wait for the second half while the link idled), the segments
+/// interleaved so that every rail starts early. Doubling rails need the whole segment
+/// first and take the plain order.
+fn phase_one_order(
+    segs: &[Segment],
+    host: usize,
+    hosts: usize,
+    between: Algorithm,
+    slice: usize,
+) -> Vec<(u32, usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut tag = 0u32;
+    for (index, seg) in segs.iter().enumerate() {
+        for (i, (at, len)) in slices(seg.offset, seg.len, slice).enumerate() {
+            let chunk = (0..hosts)
+                .find(|&c| {
+                    let (o, l) = part(seg.len, hosts, c);
+                    at - seg.offset < o + l
+                })
+                .unwrap_or(0);
+            let wanted = match between {
+                Algorithm::Ring => (host + 2 * hosts - 1 - chunk) % hosts,
+                _ => 0,
+            };
+            out.push(((wanted, i, index), (tag, at, len, index)));
+            tag += 1;
+        }
+    }
+    out.sort_by_key(|(key, _)| *key);
+    out.into_iter().map(|(_, slice)| slice).collect()
 }
 
 /// The rank of each host that talks to the other hosts: `root` on its own, the first rank

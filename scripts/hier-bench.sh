@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Hierarchical against flat allreduce on namespace "hosts": HOSTS namespaces of PER_HOST
+# ranks, each host's one NIC (a veth into a bridge in a switch namespace) shaped to RATE
+# with `tc tbf`; ranks of a host talk over shared memory, hosts over TCP. Every algorithm
+# runs once per round, rounds interleaved (the VM's fast and slow states fall on all of
+# them alike); the summary gives medians per algorithm and size, and what auto picked.
+#
+#   scripts/hier-bench.sh HOSTS PER_HOST ROUNDS "ALGOS" "SIZES" [RATE]
+#   scripts/hier-bench.sh 2 4 5 "ring hier-ring auto" "-b 16M -e 64M -f 2"
+#   ITERS=200 WARMUP=20 scripts/hier-bench.sh 8 2 5 "ring rd hier-ring hier-rd auto" "-b 8 -e 8"
+#
+# Needs root, iproute2 and sch_tbf. OUT (default /tmp/hier-bench) receives each run's JSON,
+# the medians (one JSON per algorithm, for `bcl-bench plot`) and summary.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hosts=${1:-2}
+per=${2:-4}
+rounds=${3:-5}
+algos=${4:-"ring hier-ring auto"}
+sizes=${5:-"-b 16M -e 64M -f 2"}
+rate=${6:-2gbit}
+iters=${ITERS:-5}
+warmup=${WARMUP:-1}
+out=${OUT:-/tmp/hier-bench}
+bench=target/release/bcl-bench
+[ -x "$bench" ] || cargo build --release --locked -p bcl-bench
+mkdir -p "$out"
+rm -f "$out"/*.json "$out"/summary.md
+
+tag="hb$$"
+ns() { echo "${tag}h$1"; }
+addr() { echo "10.79.0.$(($1 + 1))"; }
+cleanup() {
+    for h in $(seq 0 $((hosts - 1))); do ip netns del "$(ns "$h")" 2>/dev/null || true; done
+    ip netns del "${tag}sw" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap "exit 130" INT TERM
+ip netns add "${tag}sw"
+ip -n "${tag}sw" link add br0 type bridge
+ip -n "${tag}sw" link set br0 up
+for h in $(seq 0 $((hosts - 1))); do
+    n=$(ns "$h")
+    ip netns add "$n"
+    ip -n "$n" link set lo up
+    ip link add nic netns "$n" type veth peer name "p$h" netns "${tag}sw"
+    ip -n "${tag}sw" link set "p$h" master br0
+    ip -n "${tag}sw" link set "p$h" up
+    ip -n "$n" link set nic up
+    ip -n "$n" addr add "$(addr "$h")/24" dev nic
+    ip netns exec "$n" tc qdisc add dev nic root tbf rate "$rate" burst 256kb latency 10ms
+done
+
+world=$((hosts * per))
+port=29700
+run() { # algo round
+    local algo=$1 round=$2 pids=() r h
+    port=$((port + 1))
+    for r in $(seq 0 $((world - 1))); do
+        h=$((r / per))
+        # shellcheck disable=SC2086
+        ip netns exec "$(ns "$h")" env BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
+            BCL_ROOT="$(addr 0):$port" BCL_BIND_IP="$(addr "$h")" BCL_TRANSPORT=auto \
+            timeout 600 "$bench" allreduce $sizes -n "$iters" -w "$warmup" --algo "$algo" \
+            --json "$out/$algo-r$round.json" >"$out/$algo-r$round.rank$r.txt" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do
+        wait "$p" || { echo "run $algo round $round failed:"; cat "$out/$algo-r$round.rank0.txt"; exit 1; }
+    done
+    grep -E '^ +[0-9]+ ' "$out/$algo-r$round.rank0.txt" | sed "s/^/$algo r$round /"
+}
+
+echo "# $hosts hosts x $per ranks, NICs at $rate, $rounds rounds of: $algos ($sizes, $iters iters)"
+for round in $(seq 1 "$rounds"); do
+    for algo in $algos; do run "$algo" "$round"; done
+done
+
+python3 - "$out" "$hosts" "$per" "$rate" "$algos" <<'EOF'
+import glob, json, os, statistics, sys
+out, hosts, per, rate, algos = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split()
+rows = {}  # (algo, size) -> [(time, busbw, picked)]
+for algo in algos:
+    for path in glob.glob(f"{out}/{algo}-r*.json"):
+        for line in open(path):
+            r = json.loads(line)
+            if r["in_place"]:
+                continue
+            rows.setdefault((algo, r["size_bytes"]), []).append((r["time_us"], r["busbw_gbs"], r.get("algorithm", "?"), r["wrong"]))
+sizes = sorted({s for (_, s) in rows})
+lines = [f"{hosts} hosts x {per} ranks, each host's NIC at {rate} (tc tbf), out of place, medians of "
+         f"{len(glob.glob(f'{out}/{algos[0]}-r*.json'))} interleaved rounds",
+         "", "| size | " + " | ".join(f"{a} µs | {a} busbw GB/s" for a in algos) + " | auto ran |",
+         "|---|" + "---|---|" * len(algos) + "---|"]
+medians = {}
+for s in sizes:
+    cells, picked = [], ""
+    for a in algos:
+        got = rows.get((a, s), [])
+        assert all(w == 0 for *_, w in got), f"wrong results in {a} {s}"
+        t = statistics.median(g[0] for g in got) if got else float("nan")
+        b = statistics.median(g[1] for g in got) if got else float("nan")
+        medians[(a, s)] = (t, b)
+        cells += [f"{t:.1f}", f"{b:.3f}"]
+        if a == "auto" and got:
+            picked = "/".join(sorted({g[2] for g in got}))
+    lines.append(f"| {s} | " + " | ".join(cells) + f" | {picked} |")
+flat = [a for a in algos if not a.startswith("hier") and a != "auto"]
+for a in algos:
+    if not a.startswith("hier"):
+        continue
+    for f in flat:
+        ratios = [medians[(f, s)][0] / medians[(a, s)][0] for s in sizes if medians[(a, s)][0] > 0]
+        lines.append(f"\n{a} against {f}: time ratio (flat / hierarchical) " + ", ".join(f"{s} B {x:.2f}x" for s, x in zip(sizes, ratios)))
+text = "\n".join(lines) + "\n"
+open(f"{out}/summary.md", "w").write(text)
+print(text)
+for a in algos:
+    with open(f"{out}/median-{a}.json", "w") as f:
+        for s in sizes:
+            t, b = medians[(a, s)]
+            f.write(json.dumps({"collective": "allreduce", "nranks": int(hosts) * int(per), "size_bytes": s,
+                                "in_place": False, "time_us": t, "busbw_gbs": b}) + "\n")
+EOF

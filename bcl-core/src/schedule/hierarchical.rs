@@ -333,13 +333,39 @@ fn phase_one_order(
     out.into_iter().map(|(_, slice)| slice).collect()
 }
 
-/// The rank of each host that talks to the other hosts: `root` on its own, the first rank
-/// of the others.
-fn leaders(layout: &Layout, root: usize) -> Vec<usize> {
+/// Where a rank stands in a rooted hierarchical collective.
+struct Rooted<'a> {
+    me: usize,
+    host: usize,
+    /// The ranks of this rank's host, and this rank's index among them.
+    local: &'a [usize],
+    index: usize,
+    /// The rank of each host that talks to the other hosts: `root` on its own, the first
+    /// rank of the others; this host's, and its index among `local`.
+    leaders: Vec<usize>,
+    leader: usize,
+    leader_index: usize,
+}
+
+fn rooted(layout: &Layout, root: usize) -> Rooted<'_> {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = layout.hosts()[host].as_slice();
     let root_host = layout.host_of(root);
-    (layout.hosts().iter().enumerate())
+    let leaders: Vec<usize> = (layout.hosts().iter().enumerate())
         .map(|(h, ranks)| if h == root_host { root } else { ranks[0] })
-        .collect()
+        .collect();
+    let leader = leaders[host];
+    let at = |rank| local.iter().position(|&r| r == rank).unwrap_or(0);
+    Rooted {
+        me,
+        host,
+        local,
+        index: at(me),
+        leaders,
+        leader,
+        leader_index: at(leader),
+    }
 }
 
 pub(crate) fn broadcast(
@@ -350,40 +376,28 @@ pub(crate) fn broadcast(
     in_place: bool,
     slice: usize,
 ) {
-    let me = layout.rank();
-    let host = layout.host_of(me);
-    let local = &layout.hosts()[host];
-    let leaders = leaders(layout, root);
-    let leader = leaders[host];
-    let broadcast = |root| Collective::Broadcast { root };
-    // Between hosts: a chain of leaders from the root (the root copies its input to its
-    // output on the way, out of place).
-    if me == leader {
-        let sub_root = layout.host_of(root);
-        let sub = sub_plan(
-            broadcast(sub_root),
+    let r = rooted(layout, root);
+    let chain = |root, index, members, in_place| {
+        let collective = Collective::Broadcast { root };
+        sub_plan(
+            collective,
             Algorithm::Ring,
-            host,
-            leaders.len(),
+            index,
+            members,
             count,
             in_place,
             slice,
-        );
-        embed(b, &sub, &leaders, 0, Place::at(Output, 0, 0));
+        )
+    };
+    // Between hosts: a chain of leaders from the root (the root copies its input to its
+    // output on the way, out of place).
+    if r.me == r.leader {
+        let sub = chain(layout.host_of(root), r.host, r.leaders.len(), in_place);
+        embed(b, &sub, &r.leaders, 0, Place::at(Output, 0, 0));
     }
     // Inside the host: a chain from its leader, whose output holds the data by now.
-    let index = local.iter().position(|&r| r == me).unwrap_or(0);
-    let sub_root = local.iter().position(|&r| r == leader).unwrap_or(0);
-    let sub = sub_plan(
-        broadcast(sub_root),
-        Algorithm::Ring,
-        index,
-        local.len(),
-        count,
-        true,
-        slice,
-    );
-    embed(b, &sub, local, 1 << RAIL_SHIFT, Place::at(Output, 0, 0));
+    let sub = chain(r.leader_index, r.index, r.local.len(), true);
+    embed(b, &sub, r.local, 1 << RAIL_SHIFT, Place::at(Output, 0, 0));
 }
 
 pub(crate) fn reduce(
@@ -395,55 +409,55 @@ pub(crate) fn reduce(
     reduction: Reduction,
     slice: usize,
 ) {
-    let me = layout.rank();
-    let host = layout.host_of(me);
-    let local = &layout.hosts()[host];
-    let leaders = leaders(layout, root);
-    let leader = leaders[host];
-    let sum = |root| Collective::Reduce {
-        op: ReduceOp::Sum,
-        root,
+    let r = rooted(layout, root);
+    let chain = |root, index, members, in_place| {
+        let collective = Collective::Reduce {
+            op: ReduceOp::Sum,
+            root,
+        };
+        sub_plan(
+            collective,
+            Algorithm::Ring,
+            index,
+            members,
+            count,
+            in_place,
+            slice,
+        )
     };
     // Out of place, only the root has an output: a leader elsewhere gathers its host's sum in
     // scratch (the first `count` elements; the sub-plans' own scratch after it).
-    let (acc, scratch_at) = if me == root || in_place {
-        (Output, count)
+    let acc = if r.me == root || in_place {
+        Output
     } else {
         b.scratch(count);
-        (Scratch, count)
+        Scratch
     };
-    let index = local.iter().position(|&r| r == me).unwrap_or(0);
-    let sub_root = local.iter().position(|&r| r == leader).unwrap_or(0);
-    let sub = sub_plan(
-        sum(sub_root),
-        Algorithm::Ring,
-        index,
-        local.len(),
-        count,
-        in_place,
-        slice,
-    );
+    let sub = chain(r.leader_index, r.index, r.local.len(), in_place);
     let place = Place {
-        output: (if me == leader { acc } else { source(in_place) }, 0),
+        output: (
+            if r.me == r.leader {
+                acc
+            } else {
+                source(in_place)
+            },
+            0,
+        ),
         input: (Input, 0),
-        scratch_at,
+        scratch_at: count,
     };
-    embed(b, &sub, local, 0, place);
-    if me == leader {
-        let sub_root = layout.host_of(root);
-        let sub = sub_plan(
-            sum(sub_root),
-            Algorithm::Ring,
-            host,
-            leaders.len(),
-            count,
-            true,
-            slice,
+    embed(b, &sub, r.local, 0, place);
+    if r.me == r.leader {
+        let sub = chain(layout.host_of(root), r.host, r.leaders.len(), true);
+        embed(
+            b,
+            &sub,
+            &r.leaders,
+            1 << RAIL_SHIFT,
+            Place::at(acc, 0, 2 * count),
         );
-        let place = Place::at(acc, 0, scratch_at + count);
-        embed(b, &sub, &leaders, 1 << RAIL_SHIFT, place);
     }
-    if me == root && reduction.average {
+    if r.me == root && reduction.average {
         for (at, len) in slices(0, count, slice) {
             b.push(Action::Divide {
                 region: Region::new(Output, at, len),

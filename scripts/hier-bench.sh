@@ -8,6 +8,7 @@
 #   scripts/hier-bench.sh HOSTS PER_HOST ROUNDS "ALGOS" "SIZES" [RATE]
 #   scripts/hier-bench.sh 2 4 5 "ring hier-ring auto" "-b 16M -e 64M -f 2"
 #   ITERS=200 WARMUP=20 scripts/hier-bench.sh 8 2 5 "ring rd hier-ring hier-rd auto" "-b 8 -e 8"
+#   COLL=allgather scripts/hier-bench.sh 2 4 2 "ring hier-ring auto" "-b 16M -e 64M -f 2"
 #
 # Needs root, iproute2 and sch_tbf. OUT (default /tmp/hier-bench) receives each run's JSON,
 # the medians (one JSON per algorithm, for `bcl-bench plot`) and summary.md.
@@ -20,6 +21,7 @@ algos=${4:-"ring hier-ring auto"}
 sizes=${5:-"-b 16M -e 64M -f 2"}
 rate=${6:-2gbit}
 iters=${ITERS:-5}
+coll=${COLL:-allreduce}
 warmup=${WARMUP:-1}
 out=${OUT:-/tmp/hier-bench}
 bench=target/release/bcl-bench
@@ -61,7 +63,7 @@ run() { # algo round
         # shellcheck disable=SC2086
         ip netns exec "$(ns "$h")" env BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
             BCL_ROOT="$(addr 0):$port" BCL_BIND_IP="$(addr "$h")" BCL_TRANSPORT=auto \
-            timeout 600 "$bench" allreduce $sizes -n "$iters" -w "$warmup" --algo "$algo" \
+            timeout 600 "$bench" "$coll" $sizes -n "$iters" -w "$warmup" --algo "$algo" \
             --json "$out/$algo-r$round.json" >"$out/$algo-r$round.rank$r.txt" 2>&1 &
         pids+=($!)
     done
@@ -71,14 +73,14 @@ run() { # algo round
     grep -E '^ +[0-9]+ ' "$out/$algo-r$round.rank0.txt" | sed "s/^/$algo r$round /"
 }
 
-echo "# $hosts hosts x $per ranks, NICs at $rate, $rounds rounds of: $algos ($sizes, $iters iters)"
+echo "# $coll, $hosts hosts x $per ranks, NICs at $rate, $rounds rounds of: $algos ($sizes, $iters iters)"
 for round in $(seq 1 "$rounds"); do
     for algo in $algos; do run "$algo" "$round"; done
 done
 
-python3 - "$out" "$hosts" "$per" "$rate" "$algos" <<'EOF'
+python3 - "$out" "$hosts" "$per" "$rate" "$algos" "$coll" <<'EOF'
 import glob, json, os, statistics, sys
-out, hosts, per, rate, algos = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split()
+out, hosts, per, rate, algos, coll = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(), sys.argv[6]
 rows = {}  # (algo, size) -> [(time, busbw, picked)]
 for algo in algos:
     for path in glob.glob(f"{out}/{algo}-r*.json"):
@@ -88,7 +90,7 @@ for algo in algos:
                 continue
             rows.setdefault((algo, r["size_bytes"]), []).append((r["time_us"], r["busbw_gbs"], r.get("algorithm", "?"), r["wrong"]))
 sizes = sorted({s for (_, s) in rows})
-lines = [f"{hosts} hosts x {per} ranks, each host's NIC at {rate} (tc tbf), out of place, medians of "
+lines = [f"{coll}, {hosts} hosts x {per} ranks, each host's NIC at {rate} (tc tbf), out of place, medians of "
          f"{len(glob.glob(f'{out}/{algos[0]}-r*.json'))} interleaved rounds",
          "", "| size | " + " | ".join(f"{a} µs | {a} busbw GB/s" for a in algos) + " | auto ran |",
          "|---|" + "---|---|" * len(algos) + "---|"]
@@ -119,6 +121,6 @@ for a in algos:
     with open(f"{out}/median-{a}.json", "w") as f:
         for s in sizes:
             t, b = medians[(a, s)]
-            f.write(json.dumps({"collective": "allreduce", "nranks": int(hosts) * int(per), "size_bytes": s,
+            f.write(json.dumps({"collective": coll, "nranks": int(hosts) * int(per), "size_bytes": s,
                                 "in_place": False, "time_us": t, "busbw_gbs": b}) + "\n")
 EOF

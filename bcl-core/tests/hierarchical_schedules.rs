@@ -1,4 +1,5 @@
-//! The hierarchical schedules, proven by the symbolic checker on host × rank grids: 1..=8
+//! The hierarchical schedules (allreduce, broadcast, reduce, reduce-scatter, allgather),
+//! proven by the symbolic checker on host × rank grids: 1..=8
 //! hosts of 1..=4 ranks, and uneven hosts (3 + 1, 2 + 2 + 1, 1 + 4, 1 + 1 + 2), hosts that
 //! are not runs of consecutive ranks, every inter-host algorithm, in and out of place, counts
 //! that do not divide, slices that cut the parts unevenly.
@@ -49,13 +50,31 @@ fn collectives(world: usize) -> Vec<Collective> {
             op: ReduceOp::Avg,
             root: world - 1,
         },
+        Collective::ReduceScatter { op: ReduceOp::Sum },
+        Collective::ReduceScatter { op: ReduceOp::Avg },
+        Collective::AllGather,
     ]
 }
 
 fn prove(hosts: &[Vec<usize>], count: usize, in_place: bool, slice: usize, seed: u64) {
-    let world = hosts.iter().map(Vec::len).sum();
+    let world: usize = hosts.iter().map(Vec::len).sum();
     for collective in collectives(world) {
-        for algorithm in HIERARCHICAL {
+        // Reduce-scatter and allgather count per rank: their buffers (count · world) up to 128
+        // elements keep the checker quick and still cut blocks into several slices.
+        let per_rank = matches!(
+            collective,
+            Collective::ReduceScatter { .. } | Collective::AllGather
+        );
+        if per_rank && count * world > 128 {
+            continue;
+        }
+        // Reduce-scatter and allgather exchange directly between hosts whichever is asked.
+        let algorithms = if per_rank {
+            &HIERARCHICAL[..1]
+        } else {
+            &HIERARCHICAL[..]
+        };
+        for &algorithm in algorithms {
             let case = Case {
                 collective,
                 algorithm,

@@ -466,6 +466,182 @@ pub(crate) fn reduce(
     }
 }
 
+/// Whether the per-block tags of [`reduce_scatter`] and [`all_gather`] fit their range.
+pub(crate) fn blocks_plannable(layout: &Layout, count: usize, slice: usize) -> bool {
+    let per_block = count.div_ceil(slice.max(1)).max(1);
+    layout.world().saturating_mul(per_block) < RESULT_TAGS as usize
+}
+
+/// The rank of `host` that gathers block `b` (the block of rank `b`) there: the one with the
+/// same local index as `b` on its own host (modulo the host's size), so that on `b`'s host
+/// it is `b` itself, and between two hosts of equal size each rank talks to one rank only.
+fn block_owner(layout: &Layout, host: usize, b: usize) -> usize {
+    let own = &layout.hosts()[layout.host_of(b)];
+    let index = own.iter().position(|&r| r == b).unwrap_or(0);
+    let ranks = &layout.hosts()[host];
+    ranks[index % ranks.len()]
+}
+
+/// The (offset, len, tag) of each slice of block `b` of `count` elements.
+fn block_slices(b: usize, count: usize, slice: usize) -> impl Iterator<Item = (usize, usize, u32)> {
+    let per_block = count.div_ceil(slice.max(1)).max(1);
+    slices(b * count, count, slice)
+        .enumerate()
+        .map(move |(s, (at, len))| (at, len, (b * per_block + s) as u32))
+}
+
+/// Hierarchical reduce-scatter: inside each host, block b (rank b's result) is reduced onto
+/// its owner there ([`block_owner`]); each owner on another host sends its host's partial
+/// of b to rank b, which adds them. A host's boundary carries (H−1)/H of the data per
+/// direction where the flat ring's crossing edges carry (p−1)/p.
+pub(crate) fn reduce_scatter(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    count: usize,
+    in_place: bool,
+    reduction: Reduction,
+    slice: usize,
+) {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = &layout.hosts()[host];
+    let world = layout.world();
+    let source = if in_place { Output } else { Input };
+    let home = if in_place { me * count } else { 0 };
+    let mut scratch_used = false;
+    for block in 0..world {
+        let owner = block_owner(layout, host, block);
+        let others: Vec<usize> = (0..layout.hosts().len())
+            .filter(|&h| h != host)
+            .map(|h| block_owner(layout, h, block))
+            .collect();
+        for (at, len, tag) in block_slices(block, count, slice) {
+            if len == 0 {
+                continue;
+            }
+            let from = Region::new(source, at, len);
+            if me != owner {
+                b.push(Action::Send {
+                    peer: owner,
+                    tag,
+                    from,
+                });
+                continue;
+            }
+            // This rank gathers the block: into its output for its own block, else scratch.
+            let acc = if block == me {
+                Region::new(Output, home + at - block * count, len)
+            } else {
+                scratch_used = true;
+                Region::new(Scratch, at, len)
+            };
+            let mut seed = (!in_place || block != me).then_some(from);
+            let mut received = false;
+            let recv = |b: &mut PlanBuilder, peer, tag, seed: &mut Option<Region>| {
+                b.push(Action::Recv {
+                    peer,
+                    tag,
+                    into: acc,
+                    reduce: true,
+                    seed: seed.take(),
+                });
+            };
+            for &peer in local.iter().filter(|&&r| r != me) {
+                recv(b, peer, tag, &mut seed);
+                received = true;
+            }
+            if block == me {
+                for &peer in &others {
+                    recv(b, peer, tag + (1 << RAIL_SHIFT), &mut seed);
+                }
+                if let Some(from) = seed {
+                    b.push(Action::Copy { from, to: acc });
+                }
+                if reduction.average {
+                    b.push(Action::Divide { region: acc });
+                }
+            } else if layout.host_of(block) != host {
+                let from = if received { acc } else { from };
+                b.push(Action::Send {
+                    peer: block,
+                    tag: tag + (1 << RAIL_SHIFT),
+                    from,
+                });
+            }
+        }
+    }
+    if scratch_used {
+        b.scratch(world * count);
+    }
+}
+
+/// Hierarchical allgather, reduce-scatter's mirror: each rank sends its block to its owner
+/// on every other host, and each owner passes the blocks it holds (its own among them) to
+/// the rest of its host.
+pub(crate) fn all_gather(
+    b: &mut PlanBuilder,
+    layout: &Layout,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+) {
+    let me = layout.rank();
+    let host = layout.host_of(me);
+    let local = &layout.hosts()[host];
+    if !in_place {
+        for (at, len, _) in block_slices(me, count, slice) {
+            b.push(Action::Copy {
+                from: Region::new(Input, at - me * count, len),
+                to: Region::new(Output, at, len),
+            });
+        }
+    }
+    for block in 0..layout.world() {
+        let owner = block_owner(layout, host, block);
+        for (at, len, tag) in block_slices(block, count, slice) {
+            if len == 0 {
+                continue;
+            }
+            let region = Region::new(Output, at, len);
+            if block == me {
+                for h in (0..layout.hosts().len()).filter(|&h| h != host) {
+                    let peer = block_owner(layout, h, block);
+                    b.push(Action::Send {
+                        peer,
+                        tag,
+                        from: region,
+                    });
+                }
+            } else if me == owner {
+                b.push(Action::Recv {
+                    peer: block,
+                    tag,
+                    into: region,
+                    reduce: false,
+                    seed: None,
+                });
+            }
+            if me == owner {
+                for &peer in local.iter().filter(|&&r| r != me) {
+                    b.push(Action::Send {
+                        peer,
+                        tag: tag + (1 << RAIL_SHIFT),
+                        from: region,
+                    });
+                }
+            } else {
+                b.push(Action::Recv {
+                    peer: owner,
+                    tag: tag + (1 << RAIL_SHIFT),
+                    into: region,
+                    reduce: false,
+                    seed: None,
+                });
+            }
+        }
+    }
+}
+
 /// Where a rank's own contribution is.
 fn source(in_place: bool) -> BufferId {
     if in_place { Output } else { Input }

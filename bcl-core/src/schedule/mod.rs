@@ -226,7 +226,8 @@ pub enum Algorithm {
     HalvingDoubling,
     /// Hierarchical ([`hierarchical`]): inside each host over its local links, between hosts
     /// one rank per host and share (a "rail"), the hosts joined by a ring. For allreduce,
-    /// broadcast and reduce; other collectives use their flat plans.
+    /// broadcast, reduce, reduce-scatter and allgather (the last two exchange directly
+    /// between hosts whichever `Hier*` is asked); other collectives use their flat plans.
     HierRing,
     /// Hierarchical, the hosts joined by recursive doubling (latency across many hosts).
     HierDoubling,
@@ -262,9 +263,13 @@ impl Algorithm {
     pub fn for_collective(self, collective: Collective) -> Algorithm {
         match (collective, self.between_hosts()) {
             (Collective::AllReduce { .. }, _) => self,
-            (Collective::Broadcast { .. } | Collective::Reduce { .. }, Some(_)) => {
-                Algorithm::HierRing
-            }
+            (
+                Collective::Broadcast { .. }
+                | Collective::Reduce { .. }
+                | Collective::ReduceScatter { .. }
+                | Collective::AllGather,
+                Some(_),
+            ) => Algorithm::HierRing,
             _ => Algorithm::Ring,
         }
     }
@@ -527,6 +532,16 @@ pub fn build_plan(
             }
             Collective::Reduce { op, root } => {
                 hierarchical::reduce(&mut b, layout, root, count, in_place, reduction(op), slice);
+                return b.finish();
+            }
+            Collective::ReduceScatter { op }
+                if hierarchical::blocks_plannable(layout, count, slice) =>
+            {
+                hierarchical::reduce_scatter(&mut b, layout, count, in_place, reduction(op), slice);
+                return b.finish();
+            }
+            Collective::AllGather if hierarchical::blocks_plannable(layout, count, slice) => {
+                hierarchical::all_gather(&mut b, layout, count, in_place, slice);
                 return b.finish();
             }
             _ => {}

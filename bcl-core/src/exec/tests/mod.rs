@@ -34,6 +34,7 @@ fn kinds() -> Vec<(Collective, Algorithm)> {
             out.push((Collective::AllReduce { op }, algorithm));
         }
         out.push((Collective::ReduceScatter { op }, Algorithm::Ring));
+        out.push((Collective::ReduceScatter { op }, Algorithm::HierRing));
         out.push((Collective::Reduce { op, root: 0 }, Algorithm::Ring));
         out.push((Collective::Reduce { op, root: 0 }, Algorithm::HierRing));
     }
@@ -49,6 +50,7 @@ fn kinds() -> Vec<(Collective, Algorithm)> {
         out.push((c, Algorithm::Ring));
     }
     out.push((Collective::Broadcast { root: 0 }, Algorithm::HierRing));
+    out.push((Collective::AllGather, Algorithm::HierRing));
     out
 }
 

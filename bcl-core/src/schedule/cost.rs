@@ -463,6 +463,18 @@ mod tests {
                 );
             }
         }
+        // Reduce-scatter and allgather follow the hosts alike, never on one host.
+        use crate::schedule::{Collective, select};
+        for c in [
+            Collective::AllGather,
+            Collective::ReduceScatter {
+                op: bcl_backends::ReduceOp::Sum,
+            },
+        ] {
+            assert_eq!(select(c, 1 << 20, hosts(2, 4)), Algorithm::HierRing);
+            assert_eq!(select(c, 1 << 20, hosts(1, 8)), Algorithm::Ring);
+            assert_eq!(select(c, 1 << 20, hosts(8, 1)), Algorithm::Ring);
+        }
         // Between many hosts, small messages take doubling, large ones the ring or halving.
         assert_eq!(cheapest_on(8, hosts(8, 2)), Algorithm::HierDoubling);
         assert_ne!(cheapest_on(256 << 20, hosts(8, 2)), Algorithm::HierDoubling);

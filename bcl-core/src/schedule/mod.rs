@@ -224,7 +224,7 @@ pub enum Algorithm {
     /// Halving-doubling (Rabenseifner) for allreduce: reduce-scatter by recursive halving,
     /// allgather by recursive doubling; the ring's bandwidth in 2·log2(n) steps.
     HalvingDoubling,
-    /// Hierarchical ([`hierarchical`]): inside each host over its local links, between hosts
+    /// Hierarchical (`schedule/hierarchical.rs`): inside each host over its local links, between hosts
     /// one rank per host and share (a "rail"), the hosts joined by a ring. For allreduce,
     /// broadcast, reduce, reduce-scatter and allgather (the last two exchange directly
     /// between hosts whichever `Hier*` is asked); other collectives use their flat plans.

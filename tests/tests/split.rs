@@ -383,3 +383,53 @@ fn grow_with_a_wrong_size_or_without_a_root_is_refused() {
         }
     });
 }
+
+/// A topology set on the parent (`BCL_TOPOLOGY=2x2` in code) carries over to its children as
+/// their members' hosts: a group of ranks 1, 2, 3 has hosts [0] [1, 2] (its ranks), a split by
+/// parity [0] [1] each side, and the hierarchical allreduce runs on them.
+#[test]
+fn a_set_topology_carries_over_to_groups_and_splits() {
+    let comms = Communicator::init_threads(
+        4,
+        CommConfig {
+            transport: TransportKind::Shm,
+            op_timeout: Duration::from_secs(20),
+            topology: Some(bcl_core::config::TopologySpec::Grid {
+                hosts: 2,
+                per_host: 2,
+            }),
+            algorithm: Some(bcl_core::schedule::Algorithm::HierRing),
+            ..CommConfig::default()
+        },
+    )
+    .expect("init");
+    assert_eq!(comms[0].topology(), "2 hosts: [0, 1] [2, 3]");
+    let seen = each(&comms, |c| {
+        let group = (c.rank() > 0).then(|| c.create_group(&[1, 2, 3], 5).expect("group"));
+        let split = c
+            .split(Some(c.rank() as u32 % 2), 0)
+            .expect("split")
+            .expect("a member");
+        let mut x = vec![c.rank() as f32; 300];
+        split
+            .all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .expect("allreduce");
+        let want = if c.rank() % 2 == 0 { 2.0 } else { 4.0 };
+        assert!(x.iter().all(|&v| v == want), "rank {}: {}", c.rank(), x[0]);
+        let group_hosts = group.map(|g| {
+            let mut y = vec![1.0f32; 300];
+            g.all_reduce_in_place(&mut y, ReduceOp::Sum)
+                .expect("group allreduce");
+            assert!(y.iter().all(|&v| v == 3.0));
+            g.topology()
+        });
+        (group_hosts, split.topology())
+    });
+    assert_eq!(seen[0].0, None);
+    for (rank, (group, _)) in seen.iter().enumerate().skip(1) {
+        assert_eq!(group.as_deref(), Some("2 hosts: [0] [1, 2]"), "rank {rank}");
+    }
+    for (rank, (_, split)) in seen.iter().enumerate() {
+        assert_eq!(split, "2 hosts: [0] [1]", "rank {rank}");
+    }
+}

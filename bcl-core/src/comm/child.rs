@@ -4,7 +4,7 @@
 
 use super::Communicator;
 use super::init::{CommBuilder, Opened, open};
-use crate::config::TransportKind;
+use crate::config::{TopologySpec, TransportKind};
 use crate::error::{Error, Result};
 use crate::peers::RankInfo;
 use bcl_transport::Secret;
@@ -74,19 +74,38 @@ impl Communicator {
         self.builder_like_this(|| TransportKind::Mem(mem_fabric(secret, world)))
     }
 
-    /// Open the child's endpoint as `rank` of `world`: returns what to finish it with and the
-    /// record to send the other members.
+    /// Open the child's endpoint as `rank` of the child of `members` (this communicator's
+    /// ranks, in the child's rank order): returns what to finish it with and the record to
+    /// send the other members. A topology set on this communicator (`BCL_TOPOLOGY`) carries
+    /// over as the members' hosts, in the child's ranks.
     pub(super) fn open_child(
         &self,
         secret: Secret,
         rank: usize,
-        world: usize,
+        members: &[u32],
     ) -> Result<(crate::config::CommConfig, Opened, Vec<u8>)> {
-        let (config, opened) = open(rank, secret, self.child_builder(&secret, world)?)?;
+        let builder = self.child_builder(&secret, members.len())?;
+        let (mut config, opened) = open(rank, secret, builder)?;
+        if config.topology.is_some() {
+            config.topology = Some(TopologySpec::Hosts(member_hosts(self.hosts(), members)));
+        }
         let record = postcard::to_stdvec(&opened.record(rank))
             .map_err(|e| Error::Internal(format!("encoding rank {rank}'s record: {e}")))?;
         Ok((config, opened, record))
     }
+}
+
+/// The hosts of a child of `members`: each host's members, by their rank in the child.
+fn member_hosts(hosts: &[Vec<usize>], members: &[u32]) -> Vec<Vec<usize>> {
+    (hosts.iter())
+        .map(|ranks| {
+            (members.iter().enumerate())
+                .filter(|(_, m)| ranks.contains(&(**m as usize)))
+                .map(|(child, _)| child)
+                .collect::<Vec<usize>>()
+        })
+        .filter(|h| !h.is_empty())
+        .collect()
 }
 
 /// Decode the record of the child's `rank`.

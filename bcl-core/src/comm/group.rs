@@ -31,7 +31,7 @@ impl Communicator {
         let made = self.next_group(&list);
         let secret = self.child_secret(&format!("group:{tag}:{made}"), &list);
         // A member that fails to open still takes part, so the others hear of it.
-        let opened = self.open_child(secret, rank, members.len());
+        let opened = self.open_child(secret, rank, &list);
         let mine: &[u8] = match &opened {
             Ok((_, _, record)) => record,
             Err(_) => &[],

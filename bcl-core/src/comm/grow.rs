@@ -71,9 +71,11 @@ impl Communicator {
         self.broadcast_in_place(&mut text, root)?;
         let end = text.iter().position(|&b| b == 0).unwrap_or(ID_BYTES);
         let id: UniqueId = String::from_utf8_lossy(&text[..end]).parse()?;
-        // New processes cannot join an in-process fabric.
-        self.builder_like_this(|| TransportKind::Auto)?
-            .join_grown_as(me, n_ranks, &id, me == root)
+        // New processes cannot join an in-process fabric. A topology set for the old world
+        // does not describe the new one: the grown communicator finds its hosts itself.
+        let mut builder = self.builder_like_this(|| TransportKind::Auto)?;
+        builder.config_mut().topology = None;
+        builder.join_grown_as(me, n_ranks, &id, me == root)
     }
 }
 

@@ -101,6 +101,10 @@ impl CommBuilder {
         &self.config
     }
 
+    pub(super) fn config_mut(&mut self) -> &mut CommConfig {
+        &mut self.config
+    }
+
     /// Join as `rank` of `world`, rendezvousing through the TCP store that rank 0 serves at
     /// `id.addr` (rank 0 starts it).
     pub fn join(self, rank: usize, world: usize, id: &UniqueId) -> Result<Communicator> {

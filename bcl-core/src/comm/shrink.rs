@@ -395,7 +395,7 @@ impl Communicator {
             .position(|&r| r == me)
             .ok_or_else(|| Error::Internal(format!("rank {me} is not among its own members")))?;
         let secret = self.child_secret(&format!("shrink:{n}"), members);
-        let (config, opened, record) = self.open_child(secret, new_rank, members.len())?;
+        let (config, opened, record) = self.open_child(secret, new_rank, members)?;
         for &to in members.iter().filter(|&&r| r != me) {
             let sent = health.send_address(to as usize, members, &record);
             if self.delivered(agreement, to, sent)? {

@@ -39,10 +39,7 @@ impl Communicator {
         let opened = match (color, new_rank) {
             (Some(c), Some(rank)) => {
                 let secret = self.child_secret(&format!("split:{n}:{c}"), &members);
-                Some(
-                    self.open_child(secret, rank, members.len())
-                        .map(|o| (secret, o)),
-                )
+                Some(self.open_child(secret, rank, &members).map(|o| (secret, o)))
             }
             _ => None,
         };

@@ -68,7 +68,12 @@ fn allreduce_on_four_mixed_processes_prints_nccl_tests_table() {
     let sizes: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(sizes, ["8", "64", "512", "4096", "32768", "262144"]);
     for r in &rows {
-        assert_eq!(r.len(), 13, "{r:?}");
+        // The last column names the algorithm the row ran with.
+        assert_eq!(r.len(), 14, "{r:?}");
+        assert!(
+            r[13].parse::<bcl_core::schedule::Algorithm>().is_ok(),
+            "{r:?}"
+        );
         assert_eq!(
             (r[2].as_str(), r[3].as_str(), r[8].as_str(), r[12].as_str()),
             ("float", "sum", "0", "0")

@@ -208,7 +208,7 @@ pub(crate) fn allreduce(
     let host = layout.host_of(me);
     let local = &layout.hosts()[host];
     let segs = segments(layout, count, slice);
-    let source = if in_place { Output } else { Input };
+    let source = source(in_place);
 
     // 1. Each part onto its owner in this host, the owner's own contribution as the seed.
     // Tags number the slices segment by segment; the steps go in the order the rails will
@@ -506,7 +506,7 @@ pub(crate) fn reduce_scatter(
     let host = layout.host_of(me);
     let local = &layout.hosts()[host];
     let world = layout.world();
-    let source = if in_place { Output } else { Input };
+    let source = source(in_place);
     let home = if in_place { me * count } else { 0 };
     let mut scratch_used = false;
     for block in 0..world {

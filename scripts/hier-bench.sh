@@ -29,29 +29,8 @@ bench=target/release/bcl-bench
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/summary.md
 
-tag="hb$$"
-ns() { echo "${tag}h$1"; }
-addr() { echo "10.79.0.$(($1 + 1))"; }
-cleanup() {
-    for h in $(seq 0 $((hosts - 1))); do ip netns del "$(ns "$h")" 2>/dev/null || true; done
-    ip netns del "${tag}sw" 2>/dev/null || true
-}
-trap cleanup EXIT
-trap "exit 130" INT TERM
-ip netns add "${tag}sw"
-ip -n "${tag}sw" link add br0 type bridge
-ip -n "${tag}sw" link set br0 up
-for h in $(seq 0 $((hosts - 1))); do
-    n=$(ns "$h")
-    ip netns add "$n"
-    ip -n "$n" link set lo up
-    ip link add nic netns "$n" type veth peer name "p$h" netns "${tag}sw"
-    ip -n "${tag}sw" link set "p$h" master br0
-    ip -n "${tag}sw" link set "p$h" up
-    ip -n "$n" link set nic up
-    ip -n "$n" addr add "$(addr "$h")/24" dev nic
-    ip netns exec "$n" tc qdisc add dev nic root tbf rate "$rate" burst 256kb latency 10ms
-done
+. scripts/lib/netns-hosts.sh
+hosts_up "$hosts" "$rate"
 
 world=$((hosts * per))
 port=29700
@@ -61,8 +40,8 @@ run() { # algo round
     for r in $(seq 0 $((world - 1))); do
         h=$((r / per))
         # shellcheck disable=SC2086
-        ip netns exec "$(ns "$h")" env BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
-            BCL_ROOT="$(addr 0):$port" BCL_BIND_IP="$(addr "$h")" BCL_TRANSPORT=auto \
+        on_host "$h" env BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
+            BCL_ROOT="$(host_addr 0):$port" BCL_BIND_IP="$(host_addr "$h")" BCL_TRANSPORT=auto \
             timeout 600 "$bench" "$coll" $sizes -n "$iters" -w "$warmup" --algo "$algo" \
             --json "$out/$algo-r$round.json" >"$out/$algo-r$round.rank$r.txt" 2>&1 &
         pids+=($!)

@@ -9,10 +9,11 @@ use bcl_core::schedule::{Action, Algorithm};
 use bcl_core::{Collective, ReduceOp};
 use proptest::prelude::*;
 
-const HIERARCHICAL: [Algorithm; 3] = [
+const HIERARCHICAL: [Algorithm; 4] = [
     Algorithm::HierRing,
     Algorithm::HierDoubling,
     Algorithm::HierHalving,
+    Algorithm::HierTree,
 ];
 
 fn grid(hosts: usize, per_host: usize) -> Vec<Vec<usize>> {

@@ -53,6 +53,7 @@ fn run(
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::HalvingDoubling,
+        Algorithm::Tree,
     ] {
         let case = Case {
             collective,

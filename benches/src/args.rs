@@ -78,10 +78,10 @@ pub struct Args {
     /// Bytes per pipelined slice.
     #[arg(long, value_parser = parse_size)]
     pub slice_bytes: Option<usize>,
-    /// auto|ring|rd|hd|hier-ring|hier-rd|hier-hd: the algorithm (auto: the cost model's
+    /// auto|ring|rd|hd|tree|hier-ring|hier-rd|hier-hd|hier-tree: the algorithm (auto: the cost model's
     /// pick: recursive doubling for small messages, halving-doubling or the ring for large
     /// ones; with several ranks on each of several hosts, hierarchical). The hierarchical ones
-    /// serve allreduce, broadcast and reduce, the doubling ones allreduce.
+    /// serve allreduce, broadcast and reduce, the doubling and tree ones allreduce.
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Seconds one collective may take before it fails naming the peers it waits for.

@@ -112,6 +112,15 @@ fn three_ranks_and_one() {
     suite(&[3, 1], "auto", "hier-", &[], 29638);
 }
 
+/// Three hosts (a count the doubling rails pair up for) joined by the double binary tree,
+/// slices of 256 bytes so the tree's slices pipeline.
+#[test]
+fn three_hosts_of_two_joined_by_the_tree() {
+    let _serial = one_at_a_time();
+    let small = [("BCL_SLICE_BYTES", "256")];
+    suite(&[2, 2, 2], "hier-tree", "hier-tree", &small, 29645);
+}
+
 /// 2 × 2 hosts, a hierarchical allreduce loop; rank 3 is killed: every survivor names rank 3
 /// dead (not a link, not a hang).
 #[test]

@@ -16,7 +16,7 @@ impl CommConfig {
     /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
     /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
-    /// (auto, ring, rd, hd, hier-ring, hier-rd, hier-hd), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
+    /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
     /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]). A value that does not parse, or lies outside its range, is an error
     /// naming the variable and the value.

@@ -13,6 +13,7 @@ mod halving;
 mod hierarchical;
 pub mod plan;
 pub mod ring;
+pub mod tree;
 
 pub use plan::{Action, BufferId, Plan, PlanBuilder, Region, Step};
 
@@ -224,6 +225,9 @@ pub enum Algorithm {
     /// Halving-doubling (Rabenseifner) for allreduce: reduce-scatter by recursive halving,
     /// allgather by recursive doubling; the ring's bandwidth in 2·log2(n) steps.
     HalvingDoubling,
+    /// Double binary tree for allreduce ([`tree`]): pipelined reduce up and broadcast down
+    /// two trees, each with half the buffer; 2·log2(n) steps and about the ring's bandwidth.
+    Tree,
     /// Hierarchical (`schedule/hierarchical.rs`): inside each host over its local links, between hosts
     /// one rank per host and share (a "rail"), the hosts joined by a ring. For allreduce,
     /// broadcast, reduce, reduce-scatter and allgather (the last two exchange directly
@@ -233,6 +237,8 @@ pub enum Algorithm {
     HierDoubling,
     /// Hierarchical, the hosts joined by halving-doubling.
     HierHalving,
+    /// Hierarchical, the hosts joined by the double binary tree (mid sizes on many hosts).
+    HierTree,
 }
 
 impl Algorithm {
@@ -241,9 +247,11 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "rd",
             Algorithm::HalvingDoubling => "hd",
+            Algorithm::Tree => "tree",
             Algorithm::HierRing => "hier-ring",
             Algorithm::HierDoubling => "hier-rd",
             Algorithm::HierHalving => "hier-hd",
+            Algorithm::HierTree => "hier-tree",
         }
     }
 
@@ -253,6 +261,7 @@ impl Algorithm {
             Algorithm::HierRing => Some(Algorithm::Ring),
             Algorithm::HierDoubling => Some(Algorithm::RecursiveDoubling),
             Algorithm::HierHalving => Some(Algorithm::HalvingDoubling),
+            Algorithm::HierTree => Some(Algorithm::Tree),
             _ => None,
         }
     }
@@ -275,13 +284,15 @@ impl Algorithm {
     }
 
     /// Every algorithm, flat ones first.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::HalvingDoubling,
+        Algorithm::Tree,
         Algorithm::HierRing,
         Algorithm::HierDoubling,
         Algorithm::HierHalving,
+        Algorithm::HierTree,
     ];
 }
 
@@ -292,11 +303,13 @@ impl std::str::FromStr for Algorithm {
             "ring" => Ok(Algorithm::Ring),
             "rd" | "recursive-doubling" => Ok(Algorithm::RecursiveDoubling),
             "hd" | "halving-doubling" | "rabenseifner" => Ok(Algorithm::HalvingDoubling),
+            "tree" | "double-binary-tree" => Ok(Algorithm::Tree),
             "hier" | "hier-ring" => Ok(Algorithm::HierRing),
             "hier-rd" => Ok(Algorithm::HierDoubling),
             "hier-hd" => Ok(Algorithm::HierHalving),
+            "hier-tree" => Ok(Algorithm::HierTree),
             other => Err(format!(
-                "unknown algorithm '{other}' (ring, rd, hd, hier-ring, hier-rd, hier-hd)"
+                "unknown algorithm '{other}' (ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree)"
             )),
         }
     }
@@ -564,6 +577,9 @@ pub fn build_plan(
         }
         Collective::AllReduce { op } if algorithm == Algorithm::HalvingDoubling => {
             halving::allreduce(&mut b, layout, count, in_place, reduction(op), slice);
+        }
+        Collective::AllReduce { op } if algorithm == Algorithm::Tree => {
+            tree::allreduce(&mut b, layout, count, in_place, reduction(op), slice);
         }
         Collective::AllReduce { op } => {
             let chunks = Chunks::new((0..n).map(|c| part(count, n, c)).collect(), slice);

@@ -53,7 +53,7 @@ pub use bcl_backends::{
 };
 pub use bcl_transport::mem::{Faults, MemFabric};
 pub use comm::{CommBuilder, Communicator, Exclude, HostWork, ShrinkMode};
-pub use config::{CommConfig, HealthConfig, TransportKind};
+pub use config::{CommConfig, HealthConfig, Shares, TransportKind};
 pub use error::{Cause, Error, Result};
 pub use peers::{PeerLabel, RankInfo};
 pub use schedule::{Algorithm, AllToAllCounts, Collective};

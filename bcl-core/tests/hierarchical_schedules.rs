@@ -58,6 +58,17 @@ fn collectives(world: usize) -> Vec<Collective> {
 }
 
 fn prove(hosts: &[Vec<usize>], count: usize, in_place: bool, slice: usize, seed: u64) {
+    prove_weighted(hosts, None, count, in_place, slice, seed);
+}
+
+fn prove_weighted(
+    hosts: &[Vec<usize>],
+    weights: Option<&[u32]>,
+    count: usize,
+    in_place: bool,
+    slice: usize,
+    seed: u64,
+) {
     let world: usize = hosts.iter().map(Vec::len).sum();
     for collective in collectives(world) {
         // Reduce-scatter and allgather count per rank: their buffers (count · world) up to 128
@@ -85,6 +96,7 @@ fn prove(hosts: &[Vec<usize>], count: usize, in_place: bool, slice: usize, seed:
                 slice_elems: slice,
                 ring: None,
                 hosts: Some(hosts.to_vec()),
+                weights: weights.map(<[u32]>::to_vec),
                 seed,
             };
             if let Err(e) = check(&case) {
@@ -162,6 +174,7 @@ fn the_boundary_carries_n_per_direction_instead_of_the_rings_one_and_three_quart
             slice_elems: 256,
             ring: None,
             hosts: Some(hosts.clone()),
+            weights: None,
             seed: 1,
         };
         let plans = plans(&case).expect("plans");
@@ -180,6 +193,80 @@ fn the_boundary_carries_n_per_direction_instead_of_the_rings_one_and_three_quart
     };
     assert_eq!(crossing(Algorithm::HierRing), count);
     assert_eq!(crossing(Algorithm::Ring), count * 7 / 4);
+}
+
+/// Ranks of different speeds: every grid of up to 4 hosts of 2 to 4 ranks with drawn weights
+/// is proven, and the shares follow the weights: one host of 4 ranks weighing 1, 1, 2 and 4
+/// reduce 1000, 1000, 2000 and 4000 of 8000 elements; on 2 hosts a part weighs the slower of
+/// its two owners.
+#[test]
+fn shares_in_proportion_to_speed() {
+    let mut draw = 0x9e37_79b9u32;
+    for hosts in 1..=4 {
+        for per_host in 2..=4 {
+            let weights: Vec<u32> = (0..hosts * per_host)
+                .map(|_| {
+                    draw ^= draw << 13;
+                    draw ^= draw >> 17;
+                    draw ^= draw << 5;
+                    1 + draw % 5
+                })
+                .collect();
+            for (count, slice) in [(4096, 512), (5000, 700), (61, 7)] {
+                let g = grid(hosts, per_host);
+                prove_weighted(&g, Some(&weights), count, false, slice, u64::from(draw));
+            }
+        }
+    }
+    // Each rank's share: what it receives, reducing, from one other rank of its host.
+    let shares = |hosts: Vec<Vec<usize>>, weights: Vec<u32>| {
+        let world = weights.len();
+        let case = Case {
+            collective: Collective::AllReduce { op: ReduceOp::Sum },
+            algorithm: Algorithm::HierRing,
+            world,
+            count: 8000,
+            in_place: true,
+            slice_elems: 100_000,
+            ring: None,
+            hosts: Some(hosts.clone()),
+            weights: Some(weights),
+            seed: 1,
+        };
+        let plans = plans(&case).expect("plans");
+        (0..world)
+            .map(|rank| {
+                let local = hosts.iter().find(|h| h.contains(&rank)).expect("a host");
+                let other = *local.iter().find(|&&r| r != rank).expect("a neighbour");
+                (plans[rank].steps.iter())
+                    .filter_map(|s| match &s.action {
+                        Action::Recv {
+                            peer, into, reduce, ..
+                        } if *reduce && *peer == other => Some(into.len),
+                        _ => None,
+                    })
+                    .sum::<usize>()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        shares(grid(1, 4), vec![1, 1, 2, 4]),
+        [1000, 1000, 2000, 4000]
+    );
+    // Parts weigh min(1, 3) = 1 and min(3, 1) = 1: equal; min(1, 1), min(3, 1): equal;
+    // min(1, 2) = 1 and min(3, 6) = 3: a quarter and three quarters.
+    assert_eq!(
+        shares(grid(2, 2), vec![1, 3, 3, 1]),
+        [4000, 4000, 4000, 4000]
+    );
+    assert_eq!(
+        shares(grid(2, 2), vec![1, 3, 1, 1]),
+        [4000, 4000, 4000, 4000]
+    );
+    assert_eq!(
+        shares(grid(2, 2), vec![1, 3, 2, 6]),
+        [2000, 6000, 2000, 6000]
+    );
 }
 
 /// Over a layout of one host, a forced hierarchical algorithm is the in-host reduce-scatter

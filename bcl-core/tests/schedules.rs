@@ -64,6 +64,7 @@ fn run(
             slice_elems: slice,
             ring: ring.clone(),
             hosts: None,
+            weights: None,
             seed,
         };
         if let Err(e) = check(&case) {
@@ -125,6 +126,7 @@ fn ring_case(seed: u64) -> Case {
         slice_elems: 2,
         ring: None,
         hosts: None,
+        weights: None,
         seed,
     }
 }

@@ -140,3 +140,44 @@ fn mixed_ring_matches_cpu_ring() {
     compare::<f16>(4, 5000);
     compare::<bf16>(4, 5000);
 }
+
+/// Ranks whose devices reduce at different speeds (sim at 1 GB/s beside cpu ranks): from
+/// 1 MiB auto runs the hierarchical plan, each rank reducing a share in proportion to its
+/// speed, and every rank gets the exact sum; with equal shares asked, the flat choice stays.
+#[test]
+fn ranks_of_different_speeds_reduce_shares_in_proportion() {
+    use bcl_core::{Algorithm, CommConfig, DeviceSpec, Shares};
+    let open = |shares| {
+        Communicator::init_threads_with(4, |r| CommConfig {
+            device: if r % 2 == 1 {
+                "sim:reduce=1".parse().unwrap_or(DeviceSpec::Cpu)
+            } else {
+                DeviceSpec::Cpu
+            },
+            shares,
+            ..test_config(Setup::MemCpu, r)
+        })
+        .expect("communicators")
+    };
+    let sum = Collective::AllReduce { op: ReduceOp::Sum };
+    let comms = open(Shares::BySpeed);
+    assert_eq!(comms[0].algorithm_for(sum, 1 << 20), Algorithm::HierRing);
+    assert_eq!(comms[0].algorithm_for(sum, 1 << 19).between_hosts(), None);
+    let len = (1 << 20) / 4 + 13;
+    let inputs: Vec<Vec<i32>> = (0..4)
+        .map(|r| {
+            (0..len)
+                .map(|i| ((r * 7919 + i * 31) % 1000) as i32)
+                .collect()
+        })
+        .collect();
+    let out = allreduce(&comms, &inputs);
+    for (r, got) in out.iter().enumerate() {
+        for (i, v) in got.iter().enumerate() {
+            let want: i32 = inputs.iter().map(|x| x[i]).sum();
+            assert_eq!(*v, want, "rank {r} element {i}");
+        }
+    }
+    let equal = open(Shares::Equal);
+    assert_eq!(equal[0].algorithm_for(sum, 1 << 20).between_hosts(), None);
+}

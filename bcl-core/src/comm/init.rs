@@ -8,14 +8,14 @@ use super::op::Engine;
 use super::wait::polling;
 use super::{Communicator, Lineage, Shared};
 use crate::bootstrap;
-use crate::config::{CommConfig, TransportKind, process_env};
+use crate::config::{CommConfig, Shares, TransportKind, process_env};
 use crate::error::{Error, Result};
 use crate::exec::WallClock;
 use crate::health::Health;
 use crate::launch::{Launch, Rendezvous};
 use crate::links;
 use crate::peers::RankInfo;
-use crate::schedule::{Fabric, Layout};
+use crate::schedule::{Fabric, Layout, cost};
 use crate::topology::{LinkKind, hosts_and_ring};
 use crate::unique_id::UniqueId;
 use bcl_backends::host::{host_identity, hostname};
@@ -386,6 +386,27 @@ impl Opened {
     }
 }
 
+/// With [`Shares::BySpeed`] and some device that reports its reduce throughput, each rank's
+/// weight in the hierarchical allreduce: that throughput in MB/s (a device that reports none
+/// counts as the host cpu, at the cost model's γ).
+fn share_weights(config: &CommConfig, peers: &[RankInfo]) -> Option<Vec<u32>> {
+    let speeds: Vec<Option<f64>> = peers
+        .iter()
+        .map(|p| {
+            p.device
+                .capabilities
+                .reduce_gbps
+                .filter(|g| g.is_finite() && *g > 0.0)
+        })
+        .collect();
+    if config.shares != Shares::BySpeed || speeds.iter().all(Option::is_none) {
+        return None;
+    }
+    let cpu = 1.0 / cost::measured::SHM_2.gamma / 1e9;
+    let mbps = |g: f64| (g * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32;
+    Some(speeds.iter().map(|s| mbps(s.unwrap_or(cpu))).collect())
+}
+
 /// After rendezvous (through a store, or over a parent communicator): connect to `peers`
 /// (every rank's record, in rank order, this rank's among them), watch them, and start the
 /// progress thread.
@@ -413,6 +434,10 @@ pub(super) fn finish(
     let (hosts, ring) = hosts_and_ring(&peers, config.topology.as_ref())?;
     let layout = Layout::new(rank, ring)
         .and_then(|l| l.with_hosts(hosts))
+        .and_then(|l| match share_weights(&config, &peers) {
+            Some(weights) => l.with_weights(weights),
+            None => Ok(l),
+        })
         .map_err(Error::Internal)?;
     health
         .watch(peers.clone(), layout.ring().to_vec(), deadline)
@@ -431,6 +456,7 @@ pub(super) fn finish(
             hosts: layout.hosts().len(),
             largest_host: layout.hosts().iter().map(Vec::len).max().unwrap_or(1),
             shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
+            mixed_speeds: (0..world).any(|r| layout.weight(r) != layout.weight(0)),
         },
         polling: polling(config.spin, local_ranks),
         config,

@@ -18,7 +18,7 @@ impl CommConfig {
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
-    /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]). A value that does not parse, or lies outside its range, is an error
+    /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]), `BCL_SHARES` (equal, speed). A value that does not parse, or lies outside its range, is an error
     /// naming the variable and the value.
     pub fn with_env(mut self, get: Env<'_>) -> Result<Self> {
         let invalid =
@@ -74,6 +74,9 @@ impl CommConfig {
                 "auto" => None,
                 other => Some(other.parse().map_err(|e| invalid("BCL_ALGO", &e))?),
             };
+        }
+        if let Some(v) = get("BCL_SHARES") {
+            self.shares = super::Shares::parse("BCL_SHARES", &v)?;
         }
         if let Some(v) = get("BCL_TOPOLOGY") {
             self.topology = Some(super::TopologySpec::parse("BCL_TOPOLOGY", &v)?);
@@ -177,6 +180,22 @@ mod tests {
             .with_env(&env(&[("BCL_DEVICE", "tpu")]))
             .expect_err("bad device");
         assert!(e.to_string().contains("tpu"), "{e}");
+        let shares = |v: &str| {
+            CommConfig::default()
+                .with_env(&env(&[("BCL_SHARES", v)]))
+                .map(|c| c.shares)
+        };
+        assert_eq!(CommConfig::default().shares, crate::config::Shares::BySpeed);
+        assert_eq!(
+            shares("equal").expect("equal"),
+            crate::config::Shares::Equal
+        );
+        assert_eq!(
+            shares("speed").expect("speed"),
+            crate::config::Shares::BySpeed
+        );
+        let e = shares("fair").expect_err("bad shares");
+        assert!(e.to_string().contains("BCL_SHARES='fair'"), "{e}");
     }
 
     /// Every numeric variable, with every kind of bad value: a clear invalid-argument error

@@ -60,6 +60,8 @@ pub struct Case {
     pub ring: Option<Vec<usize>>,
     /// The ranks of each host (the hierarchical algorithms follow them); `None`: one host.
     pub hosts: Option<Vec<Vec<usize>>>,
+    /// Each rank's relative speed ([`Layout::with_weights`]); `None`: all alike.
+    pub weights: Option<Vec<u32>>,
     pub seed: u64,
 }
 
@@ -91,6 +93,9 @@ pub fn plans(case: &Case) -> Result<Vec<Plan>, String> {
             let mut layout = Layout::new(rank, ring.clone())?;
             if let Some(hosts) = &case.hosts {
                 layout = layout.with_hosts(hosts.clone())?;
+            }
+            if let Some(weights) = &case.weights {
+                layout = layout.with_weights(weights.clone())?;
             }
             Ok(match rank_collective(case, rank) {
                 Some(c) => build_plan(

@@ -95,6 +95,17 @@ pub mod measured {
 /// fast or faster at every size (4 MiB-256 MiB, 5 alternations), so larger worlds keep them all.
 pub const ONE_CONNECTION_FROM: usize = 32 << 20;
 
+/// The allreduce size from which ranks of one host whose devices reduce at different speeds
+/// run the hierarchical plan (a direct reduce-scatter in shares proportional to speed, then a
+/// direct allgather) instead of the flat choice. Measured on this project's test VM on
+/// 2026-12-02, 4 ranks over shared memory, devices `cpu,sim:reduce=1` (two at the host's
+/// speed, two at 1 GB/s), medians of 5 interleaved rounds, µs:
+/// `TRANSPORT=shm scripts/alternate-bench.sh 4 5 "1M 16M 64M" ...` (`docs/hierarchical.md`):
+/// 1 MiB: ring 2064, equal shares 1707, proportional 1044; 16 MiB: 32263, 33330, 23954;
+/// 64 MiB: 121925, 121245, 88300 (proportional faster than equal 5 of 5 at each). Below
+/// 1 MiB it was not measured, and the flat choice stays.
+pub const MIXED_SPEEDS_DIRECT_FROM: usize = 1 << 20;
+
 /// The constants for a fabric: shared memory when every link is, TCP otherwise (a mixed
 /// fabric is as slow as its slowest link).
 pub fn link_cost(fabric: Fabric) -> LinkCost {
@@ -523,6 +534,7 @@ mod tests {
             hosts,
             largest_host: per_host,
             shm_inside_hosts: true,
+            mixed_speeds: false,
         }
     }
 

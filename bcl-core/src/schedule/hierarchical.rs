@@ -26,6 +26,10 @@
 //! `[i·L/l, (i+1)·L/l)`; consecutive parts with the same owner on every host form one segment,
 //! reduced by one rail (a rank of a small host sits on several rails).
 //!
+//! Ranks of different speeds ([`Layout::weight`]: their devices' reduce throughput), on hosts
+//! of equal size: part j is sized in proportion to the slowest of its owners (local rank j of
+//! every host), since it reduces (l−1) contributions to it and the others wait for it.
+//!
 //! Broadcast: a chain between one rank per host (the root on its host, the first rank on
 //! the others), then a chain inside each host from that rank. Reduce: the same backwards.
 //!
@@ -82,9 +86,12 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
     } else {
         largest
     };
+    let bounds = match part_weights(layout, parts) {
+        Some(weights) => weighted_parts(count, &weights),
+        None => (0..parts).map(|j| part(count, parts, j)).collect(),
+    };
     let mut out: Vec<Segment> = Vec::new();
-    for j in 0..parts {
-        let (offset, len) = part(count, parts, j);
+    for (j, &(offset, len)) in bounds.iter().enumerate() {
         let owners: Vec<usize> = hosts.iter().map(|h| h[j * h.len() / parts]).collect();
         match out.last_mut() {
             Some(s) if s.owners == owners => s.len += len,
@@ -96,6 +103,39 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
         }
     }
     out
+}
+
+/// The weight of each part where ranks differ in speed ([`Layout::weight`]) and every host
+/// has `parts` ranks: part j is reduced by local rank j of every host and waits for the
+/// slowest of them, so it weighs that one's speed. `None`: equal parts.
+fn part_weights(layout: &Layout, parts: usize) -> Option<Vec<u64>> {
+    let hosts = layout.hosts();
+    if parts < 2 || hosts.iter().any(|h| h.len() != parts) {
+        return None;
+    }
+    let weights: Vec<u64> = (0..parts)
+        .map(|j| {
+            let slowest = hosts.iter().map(|h| layout.weight(h[j])).min();
+            u64::from(slowest.unwrap_or(1))
+        })
+        .collect();
+    weights.iter().any(|&w| w != weights[0]).then_some(weights)
+}
+
+/// `count` elements cut into parts in proportion to `weights` (integer arithmetic, so every
+/// rank cuts alike).
+fn weighted_parts(count: usize, weights: &[u64]) -> Vec<(usize, usize)> {
+    let total: u128 = weights.iter().map(|&w| u128::from(w)).sum::<u128>().max(1);
+    let mut below = 0u128;
+    let bound = |below: u128| (count as u128 * below / total) as usize;
+    weights
+        .iter()
+        .map(|&w| {
+            let start = bound(below);
+            below += u128::from(w);
+            (start, bound(below) - start)
+        })
+        .collect()
 }
 
 /// The (offset, len) slices of `len` elements from `offset`, at most `slice` each.

@@ -328,6 +328,8 @@ pub struct Fabric {
     pub largest_host: usize,
     /// Every link between two ranks of one host is shared memory.
     pub shm_inside_hosts: bool,
+    /// The ranks' devices reduce at different speeds ([`Layout::with_weights`]).
+    pub mixed_speeds: bool,
 }
 
 impl Fabric {
@@ -341,6 +343,7 @@ impl Fabric {
             hosts: if one_host { 1 } else { world },
             largest_host: if one_host { world } else { 1 },
             shm_inside_hosts: all_shared_memory,
+            mixed_speeds: false,
         }
     }
 }
@@ -357,9 +360,21 @@ impl Fabric {
 /// chain under auto: it follows the ring, which keeps hosts together, so it crosses each
 /// host boundary once with the data as the hierarchical chain does (that one only when
 /// forced).
+///
+/// On one host whose devices reduce at different speeds, an allreduce from
+/// [`cost::MIXED_SPEEDS_DIRECT_FROM`] runs hierarchically (inside the host: each rank reduces
+/// a share in proportion to its speed, where the ring makes every step wait for the slowest).
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
     let hierarchy = fabric.hosts > 1 && fabric.largest_host > 1 && !fabric.all_shared_memory;
     match collective {
+        Collective::AllReduce { .. }
+            if fabric.hosts == 1
+                && fabric.mixed_speeds
+                && fabric.world > 1
+                && bytes >= cost::MIXED_SPEEDS_DIRECT_FROM =>
+        {
+            Algorithm::HierRing
+        }
         Collective::AllReduce { .. } if fabric.world > 1 => cost::cheapest_on(bytes, fabric),
         Collective::ReduceScatter { .. } | Collective::AllGather if hierarchy => {
             Algorithm::HierRing
@@ -394,6 +409,8 @@ pub struct Layout {
     hosts: Vec<Vec<usize>>,
     /// Rank → index in `hosts`.
     host_of: Vec<usize>,
+    /// Rank → relative reduce speed ([`Layout::with_weights`]); empty: all alike.
+    weights: Vec<u32>,
 }
 
 impl Layout {
@@ -418,6 +435,7 @@ impl Layout {
             host_of: vec![0; n],
             ring,
             position,
+            weights: Vec::new(),
         })
     }
 
@@ -429,7 +447,31 @@ impl Layout {
             position: (0..world).collect(),
             hosts: vec![(0..world).collect()],
             host_of: vec![0; world],
+            weights: Vec::new(),
         }
+    }
+
+    /// This layout with a relative speed per rank (its device's reduce throughput, in any one
+    /// unit, each at least 1): the hierarchical allreduce sizes each rank's share of the
+    /// buffer by it ([`Layout::weight`]). Every rank must be given the same.
+    pub fn with_weights(mut self, weights: Vec<u32>) -> Result<Self, String> {
+        if weights.len() != self.world() {
+            return Err(format!(
+                "{} rank weights for a world of {}",
+                weights.len(),
+                self.world()
+            ));
+        }
+        if let Some(r) = weights.iter().position(|&w| w == 0) {
+            return Err(format!("rank {r} has weight 0 (each must be at least 1)"));
+        }
+        self.weights = weights;
+        Ok(self)
+    }
+
+    /// The relative speed of `rank` (1 for every rank unless [`Layout::with_weights`] set one).
+    pub fn weight(&self, rank: usize) -> u32 {
+        self.weights.get(rank).copied().unwrap_or(1)
     }
 
     /// This layout with its ranks grouped into `hosts` (each rank in exactly one, no host

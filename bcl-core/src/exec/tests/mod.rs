@@ -91,6 +91,7 @@ fn draw_case(rng: &mut Rng, collective: Collective, algorithm: Algorithm) -> Cas
     let mut ring: Vec<usize> = (0..world).collect();
     rng.shuffle(&mut ring);
     let hosts = draw_hosts(rng, &ring);
+    let mixed = rng.below(2) == 1;
     Case {
         collective,
         algorithm,
@@ -102,6 +103,10 @@ fn draw_case(rng: &mut Rng, collective: Collective, algorithm: Algorithm) -> Cas
         slice_elems: [1, 3, 16, 64, 1000][rng.below(5)].max(count / 64),
         ring,
         hosts,
+        // Speeds that differ in half the cases (weighted shares where hosts are alike).
+        weights: (0..world)
+            .map(|_| if mixed { 1 + rng.below(4) as u32 } else { 1 })
+            .collect(),
         on_device: (0..world).map(|_| rng.below(3) == 0).collect(),
     }
 }
@@ -173,6 +178,7 @@ fn ring_case(world: usize) -> Case {
         slice_elems: 8,
         ring: (0..world).collect(),
         hosts: vec![(0..world).collect()],
+        weights: vec![1; world],
         on_device: vec![false; world],
     }
 }

@@ -26,6 +26,8 @@ pub struct Case {
     pub ring: Vec<usize>,
     /// The ranks of each host (the hierarchical algorithms follow them).
     pub hosts: Vec<Vec<usize>>,
+    /// Each rank's relative speed (the hierarchical allreduce sizes shares by it).
+    pub weights: Vec<u32>,
     /// Ranks whose buffers live on a `sim` device (reached through the accelerator only).
     pub on_device: Vec<bool>,
 }
@@ -171,7 +173,8 @@ fn plan(case: &Case, r: usize) -> Plan {
         Some(c) => {
             let layout = Layout::new(r, case.ring.clone())
                 .and_then(|l| l.with_hosts(case.hosts.clone()))
-                .expect("a permutation and a partition");
+                .and_then(|l| l.with_weights(case.weights.clone()))
+                .expect("a permutation, a partition and a weight per rank");
             build_plan(
                 c,
                 case.algorithm,

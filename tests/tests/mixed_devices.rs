@@ -163,13 +163,9 @@ fn ranks_of_different_speeds_reduce_shares_in_proportion() {
     let comms = open(Shares::BySpeed);
     assert_eq!(comms[0].algorithm_for(sum, 1 << 20), Algorithm::HierRing);
     assert_eq!(comms[0].algorithm_for(sum, 1 << 19).between_hosts(), None);
-    let len = (1 << 20) / 4 + 13;
+    let len: i32 = (1 << 20) / 4 + 13;
     let inputs: Vec<Vec<i32>> = (0..4)
-        .map(|r| {
-            (0..len)
-                .map(|i| ((r * 7919 + i * 31) % 1000) as i32)
-                .collect()
-        })
+        .map(|r| (0..len).map(|i| (r * 7919 + i * 31) % 1000).collect())
         .collect();
     let out = allreduce(&comms, &inputs);
     for (r, got) in out.iter().enumerate() {

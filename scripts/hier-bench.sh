@@ -9,6 +9,8 @@
 #   scripts/hier-bench.sh 2 4 5 "ring hier-ring auto" "-b 16M -e 64M -f 2"
 #   ITERS=200 WARMUP=20 scripts/hier-bench.sh 8 2 5 "ring rd hier-ring hier-rd auto" "-b 8 -e 8"
 #   COLL=allgather scripts/hier-bench.sh 2 4 2 "ring hier-ring auto" "-b 16M -e 64M -f 2"
+#   scripts/hier-bench.sh 2 4 5 "hier-ring hier-ring+BCL_SLICE_BYTES=131072" "-b 16M -e 16M"
+# (an algorithm followed by +VAR=VALUE settings for its ranks)
 #
 # Needs root, iproute2 and sch_tbf. OUT (default /tmp/hier-bench) receives each run's JSON,
 # the medians (one JSON per algorithm, for `bcl-bench plot`) and summary.md.
@@ -34,15 +36,17 @@ hosts_up "$hosts" "$rate"
 
 world=$((hosts * per))
 port=29700
-run() { # algo round
-    local algo=$1 round=$2 pids=() r h
+run() { # label round; a label is an algorithm, then any +VAR=VALUE for its ranks
+    local algo=$1 round=$2 pids=() r h name vars
+    name=${algo%%+*}
+    vars=$(echo "${algo#"$name"}" | tr '+' ' ')
     port=$((port + 1))
     for r in $(seq 0 $((world - 1))); do
         h=$((r / per))
         # shellcheck disable=SC2086
-        on_host "$h" env BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
+        on_host "$h" env $vars BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
             BCL_ROOT="$(host_addr 0):$port" BCL_BIND_IP="$(host_addr "$h")" BCL_TRANSPORT=auto \
-            timeout 600 "$bench" "$coll" $sizes -n "$iters" -w "$warmup" --algo "$algo" \
+            timeout 600 "$bench" "$coll" $sizes -n "$iters" -w "$warmup" --algo "$name" \
             --json "$out/$algo-r$round.json" >"$out/$algo-r$round.rank$r.txt" 2>&1 &
         pids+=($!)
     done

@@ -35,6 +35,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod launch;
 mod links;
+pub mod nic;
 mod peers;
 pub mod schedule;
 mod signature;

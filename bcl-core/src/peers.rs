@@ -27,6 +27,10 @@ pub struct RankInfo {
     pub address: PeerAddress,
     /// The health channel's listener ("ip:port"); `None` when the health channel is off.
     pub health: Option<String>,
+    /// The network interface of this rank's address ([`crate::nic::interface_of`]), where
+    /// known.
+    #[serde(default)]
+    pub nic: Option<String>,
 }
 
 impl RankInfo {

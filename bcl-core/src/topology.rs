@@ -144,6 +144,7 @@ mod tests {
             host_id: host.into(),
             pid: 1,
             health: None,
+            nic: None,
             device: DeviceInfo {
                 vendor,
                 model: String::new(),

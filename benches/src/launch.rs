@@ -45,6 +45,7 @@ fn banner(comm: &Communicator, args: &Args) {
     }
     let _ = writeln!(out, "#  Ring order: {:?}", comm.ring());
     let _ = writeln!(out, "#  Topology: {}", comm.topology());
+    let _ = writeln!(out, "#  NICs: {}", comm.describe_nics());
     let links: Vec<String> = (0..comm.world_size())
         .filter_map(|p| comm.link(p).map(|l| format!("{p}={}", l.name())))
         .collect();

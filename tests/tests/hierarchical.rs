@@ -63,6 +63,10 @@ fn suite(sizes: &[usize], algo: &str, expect: &str, extra: &[(&str, &str)], port
         assert_eq!(f.code, Some(0), "{what}");
         assert!(f.stdout.contains(", 0 failed; "), "{what}");
         assert!(f.stdout.contains(&topology), "want '{topology}': {what}");
+        // Each host's one NIC, found from the rank's address in its namespace.
+        let nics: Vec<String> = (0..sizes.len()).map(|h| format!("host {h}: nic")).collect();
+        let nics = format!("NICs {};", nics.join("; "));
+        assert!(f.stdout.contains(&nics), "want '{nics}': {what}");
         assert!(
             f.stdout.contains(&format!("allreduce 4 KiB by {expect}")),
             "want {expect}: {what}"

@@ -314,6 +314,8 @@ pub(super) struct Opened {
     accelerator: Arc<dyn Accelerator>,
     endpoint: links::Endpoint,
     health: Health,
+    /// The interface of the address this rank listens on.
+    nic: Option<String>,
 }
 
 pub(super) fn open(
@@ -351,6 +353,7 @@ pub(super) fn open(
         accelerator,
         endpoint,
         health,
+        nic: crate::nic::interface_of(config.bind_ip),
     };
     Ok((config, opened))
 }
@@ -382,6 +385,7 @@ impl Opened {
             device: self.accelerator.info().clone(),
             address: self.endpoint.address().clone(),
             health: self.health.address().map(|a| a.to_string()),
+            nic: self.nic.clone(),
         }
     }
 }
@@ -407,6 +411,21 @@ fn share_weights(config: &CommConfig, peers: &[RankInfo]) -> Option<Vec<u32>> {
     Some(speeds.iter().map(|s| mbps(s.unwrap_or(cpu))).collect())
 }
 
+/// The fewest distinct network interfaces among the ranks of a host (unknown ones count as
+/// one shared interface).
+fn nics_per_host(hosts: &[Vec<usize>], peers: &[RankInfo]) -> usize {
+    let nics = |host: &Vec<usize>| {
+        let mut names: Vec<Option<&str>> = host
+            .iter()
+            .map(|&r| peers.get(r).and_then(|p| p.nic.as_deref()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
+    };
+    hosts.iter().map(nics).min().unwrap_or(1).max(1)
+}
+
 /// After rendezvous (through a store, or over a parent communicator): connect to `peers`
 /// (every rank's record, in rank order, this rank's among them), watch them, and start the
 /// progress thread.
@@ -422,6 +441,7 @@ pub(super) fn finish(
         accelerator,
         endpoint,
         health,
+        ..
     } = opened;
     let rank = health.rank();
     let world = peers.len();
@@ -457,6 +477,7 @@ pub(super) fn finish(
             largest_host: layout.hosts().iter().map(Vec::len).max().unwrap_or(1),
             shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
             mixed_speeds: (0..world).any(|r| layout.weight(r) != layout.weight(0)),
+            nics_per_host: nics_per_host(layout.hosts(), &peers),
         },
         polling: polling(config.spin, local_ranks),
         config,

@@ -176,6 +176,28 @@ impl Communicator {
         crate::topology::describe_hosts(self.hosts())
     }
 
+    /// The network interface of each rank's address, where known ([`crate::nic`]): what
+    /// tells a host's rails apart.
+    pub fn nics(&self) -> Vec<Option<String>> {
+        self.shared.peers.iter().map(|p| p.nic.clone()).collect()
+    }
+
+    /// The interfaces of each host as one line for headers (`host 0: eth0; host 1: eth0, eth1`,
+    /// `?` where unknown).
+    pub fn describe_nics(&self) -> String {
+        let nics = self.nics();
+        let host = |(h, ranks): (usize, &Vec<usize>)| {
+            let mut names: Vec<&str> = (ranks.iter())
+                .map(|&r| nics.get(r).and_then(|n| n.as_deref()).unwrap_or("?"))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            format!("host {h}: {}", names.join(", "))
+        };
+        let hosts: Vec<String> = self.hosts().iter().enumerate().map(host).collect();
+        hosts.join("; ")
+    }
+
     /// The algorithm a call of `collective` over `bytes` runs with: the one forced by
     /// [`CommConfig::algorithm`], or the selector's choice ([`crate::schedule::select`]).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {
@@ -238,6 +260,7 @@ impl Communicator {
         let mut report = self.shared.health.report_json();
         if let Some(map) = report.as_object_mut() {
             map.insert("hosts".into(), serde_json::json!(self.hosts()));
+            map.insert("nics".into(), serde_json::json!(self.nics()));
         }
         report
     }

@@ -330,6 +330,9 @@ pub struct Fabric {
     pub shm_inside_hosts: bool,
     /// The ranks' devices reduce at different speeds ([`Layout::with_weights`]).
     pub mixed_speeds: bool,
+    /// The network interfaces between hosts of the host with the fewest (`nic::interface_of`
+    /// of its ranks' addresses; 1 where unknown): the rails of a host share them.
+    pub nics_per_host: usize,
 }
 
 impl Fabric {
@@ -344,6 +347,7 @@ impl Fabric {
             largest_host: if one_host { world } else { 1 },
             shm_inside_hosts: all_shared_memory,
             mixed_speeds: false,
+            nics_per_host: 1,
         }
     }
 }

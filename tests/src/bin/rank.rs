@@ -132,12 +132,13 @@ fn suite(comm: &Communicator) -> ExitCode {
         .map(|p| format!("{p}={}", comm.link(p).map_or("self", |l| l.name())))
         .collect();
     println!(
-        "rank {} ran {} cases, {} failed; links {}; {}; allreduce 4 KiB by {}",
+        "rank {} ran {} cases, {} failed; links {}; {}; NICs {}; allreduce 4 KiB by {}",
         comm.rank(),
         cases.len(),
         failures.len(),
         links.join(","),
         comm.topology(),
+        comm.describe_nics(),
         comm.algorithm_for(Collective::AllReduce { op: ReduceOp::Sum }, 4096)
             .name()
     );

@@ -174,6 +174,7 @@ mod tests {
                 hostname: format!("h{rank}"),
                 host_id: format!("h{rank}"),
                 pid: 100 + rank as u32,
+                nic: None,
                 device: DeviceInfo {
                     vendor: Vendor::Cpu,
                     model: String::new(),

@@ -2,10 +2,11 @@
 # The chaos soak: jobs of 4 rank processes running collectives whose every result is checked,
 # each hit by one fault at a random moment (SIGKILL; SIGSTOP shorter and longer than the hang
 # timeout; a stranger sending garbage and a replayed handshake to every listening port; a
-# flood of idle connections to them; a CPU hog), trials alternating between shared memory and
-# tcp. Prints per fault class: culprit and cause named, verdict latency p50/p95/max, false
+# flood of idle connections to them; a CPU hog; on namespace hosts, a tc-slowed link, a veth
+# down and up, a veth down for good), trials alternating between shared memory and tcp.
+# Prints per fault class: culprit and cause named, verdict latency p50/p95/max, false
 # verdicts, wrong results, hung jobs and /dev/shm names left; fails on any false verdict,
-# wrong result, hang, leftover or miss.
+# wrong result, hang, leftover, miss or fault that could not be injected (root needed).
 # Usage: scripts/chaos.sh [short|long|TRIALS] [CLASS...]   (short: 3 trials per class, CI;
 # long: 30, for the figures in docs/chaos.md)
 set -euo pipefail

@@ -96,80 +96,68 @@ pub(crate) fn allreduce(
     // Tags: slice s of tree t goes up with 4s + 2t and comes down with 4s + 2t + 1 (a pair of
     // ranks can be parent and child in both trees).
     let tag = |s: usize, t: usize, down: bool| (4 * s + 2 * t + usize::from(down)) as u32;
-    let slice_of = |t: usize, s: usize| {
-        let (offset, len, slices, ..) = trees[t];
-        (s < slices).then(|| {
+    // The non-empty slices as (slice, tree, region), the two trees' slices interleaved.
+    let order: Vec<(usize, usize, Region)> = (0..most)
+        .flat_map(|s| (0..2).map(move |t| (s, t)))
+        .filter_map(|(s, t)| {
+            let (offset, len, slices, ..) = trees[t];
             let (o, l) = part(len, slices, s);
-            Region::new(Output, offset + o, l)
+            (s < slices && l > 0).then(|| (s, t, Region::new(Output, offset + o, l)))
         })
-    };
+        .collect();
 
     // Up: the children's slices added to this node's, the sum to the parent. A leaf sends its
     // own contribution straight from where it is (the input, out of place).
-    for s in 0..most {
-        for (t, (_, _, _, up, down)) in trees.iter().enumerate() {
-            let Some(region) = slice_of(t, s) else {
-                continue;
-            };
-            if region.len == 0 {
-                continue;
-            }
-            let input = Region::new(Input, region.offset, region.len);
-            let mut seed = (!in_place).then_some(input);
-            for &child in down {
-                b.push(Action::Recv {
-                    peer: child,
+    for &(s, t, region) in &order {
+        let (_, _, _, up, down) = &trees[t];
+        let input = Region::new(Input, region.offset, region.len);
+        let mut seed = (!in_place).then_some(input);
+        for &child in down {
+            b.push(Action::Recv {
+                peer: child,
+                tag: tag(s, t, false),
+                into: region,
+                reduce: true,
+                seed: seed.take(),
+            });
+        }
+        match up {
+            Some(parent) => {
+                let from = if down.is_empty() && !in_place {
+                    input
+                } else {
+                    region
+                };
+                b.push(Action::Send {
+                    peer: *parent,
                     tag: tag(s, t, false),
-                    into: region,
-                    reduce: true,
-                    seed: seed.take(),
+                    from,
                 });
             }
-            match up {
-                Some(parent) => {
-                    let from = if down.is_empty() && !in_place {
-                        input
-                    } else {
-                        region
-                    };
-                    b.push(Action::Send {
-                        peer: *parent,
-                        tag: tag(s, t, false),
-                        from,
-                    });
-                }
-                None if reduction.average => {
-                    b.push(Action::Divide { region });
-                }
-                None => {}
+            None if reduction.average => {
+                b.push(Action::Divide { region });
             }
+            None => {}
         }
     }
     // Down: the total from the parent, on to the children.
-    for s in 0..most {
-        for (t, (_, _, _, up, down)) in trees.iter().enumerate() {
-            let Some(region) = slice_of(t, s) else {
-                continue;
-            };
-            if region.len == 0 {
-                continue;
-            }
-            if let Some(parent) = up {
-                b.push(Action::Recv {
-                    peer: *parent,
-                    tag: tag(s, t, true),
-                    into: region,
-                    reduce: false,
-                    seed: None,
-                });
-            }
-            for &child in down {
-                b.push(Action::Send {
-                    peer: child,
-                    tag: tag(s, t, true),
-                    from: region,
-                });
-            }
+    for &(s, t, region) in &order {
+        let (_, _, _, up, down) = &trees[t];
+        if let Some(parent) = up {
+            b.push(Action::Recv {
+                peer: *parent,
+                tag: tag(s, t, true),
+                into: region,
+                reduce: false,
+                seed: None,
+            });
+        }
+        for &child in down {
+            b.push(Action::Send {
+                peer: child,
+                tag: tag(s, t, true),
+                from: region,
+            });
         }
     }
 }

@@ -11,7 +11,15 @@
 //! handshake hello, several times: no verdict), flood (100 idle connections held open on
 //! every listening port of a rank for 1.5 s: no verdict), cpu-hog (two busy processes for
 //! 1.5 s: no verdict). Trials alternate between shared memory and tcp.
+//!
+//! The link classes run the 4 ranks on three namespace "hosts" in a full mesh of veth pairs
+//! (`bcl_tests::netns::Mesh`: ranks 0 and 1 on host 0, rank 2 on host 1, rank 3 on host 2),
+//! shared memory inside host 0, tcp between hosts, and act on the veth between hosts 0 and 1:
+//! slow-link (both ends shaped to 20 Mbit/s by `tc tbf` for 1.5 s: no verdict), link-flap
+//! (down for 0.4 s, then up again: no verdict), link-down (down for good: every rank must name
+//! the link between a rank of host 0 and rank 2, both alive). They need root and iproute2.
 
+use bcl_tests::netns::Mesh;
 use bcl_tests::procs::{Finished, finish_or_kill, unix_ms};
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -19,14 +27,50 @@ use std::time::{Duration, Instant};
 
 const WORLD: usize = 4;
 const SOAK_SECONDS: &str = "3";
-const CLASSES: [&str; 6] = [
+const CLASSES: [&str; 9] = [
     "kill",
     "stop-short",
     "stop-long",
     "stranger",
     "flood",
     "cpu-hog",
+    "slow-link",
+    "link-flap",
+    "link-down",
 ];
+
+/// The classes that act on a link between namespace hosts.
+fn on_links(class: &str) -> bool {
+    matches!(class, "slow-link" | "link-flap" | "link-down")
+}
+
+/// The host of each rank in the link classes' mesh.
+const HOST_OF: [usize; WORLD] = [0, 0, 1, 2];
+
+/// Run `program args` (`ip`, `tc`), its failure noted (a link class that cannot act is a
+/// miss, not a pass).
+fn run(program: &str, args: &[&str], notes: &mut Vec<String>) {
+    match Command::new(program).args(args).output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => notes.push(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => notes.push(format!(
+            "{program} {}: {e} (needs iproute2 and root)",
+            args.join(" ")
+        )),
+    }
+}
+
+fn ip(args: &[&str], notes: &mut Vec<String>) {
+    run("ip", args, notes);
+}
+
+fn tc(args: &[&str], notes: &mut Vec<String>) {
+    run("tc", args, notes);
+}
 
 struct Rng(u64);
 impl Rng {
@@ -134,21 +178,44 @@ struct Tally {
     wrong_results: usize,
     hung_jobs: usize,
     shm_left: usize,
+    /// Trials whose fault could not be injected (an `ip` or `tc` command failed).
+    faults_failed: usize,
     notes: Vec<String>,
 }
 
 fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally) {
-    let id = match bcl_core::UniqueId::new(std::net::Ipv4Addr::LOCALHOST.into()) {
+    let mesh = on_links(class).then(Mesh::create);
+    let id = match &mesh {
+        Some(_) => format!("{}:{}", Mesh::address(0), 29900 + t % 64)
+            .parse()
+            .map_err(|e| bcl_core::Error::InvalidArgument(format!("{e}")))
+            .and_then(bcl_core::UniqueId::at),
+        None => bcl_core::UniqueId::new(std::net::Ipv4Addr::LOCALHOST.into()),
+    };
+    let id = match id {
         Ok(id) => id.to_string(),
         Err(e) => {
             tally.notes.push(format!("trial {t}: no unique id: {e}"));
             return;
         }
     };
-    let transport = if t.is_multiple_of(2) { "auto" } else { "tcp" };
+    let transport = if t.is_multiple_of(2) || mesh.is_some() {
+        "auto"
+    } else {
+        "tcp"
+    };
     let spawned: std::io::Result<Vec<Child>> = (0..WORLD)
         .map(|r| {
-            Command::new(rank_bin)
+            let mut command = match &mesh {
+                Some(m) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", &m.namespaces[HOST_OF[r]], rank_bin])
+                        .env("BCL_BIND_IP", Mesh::address(HOST_OF[r]));
+                    c
+                }
+                None => Command::new(rank_bin),
+            };
+            command
                 .env("BCL_RANK", r.to_string())
                 .env("BCL_WORLD_SIZE", WORLD.to_string())
                 .env("BCL_UNIQUE_ID", &id)
@@ -187,8 +254,12 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
         c.stdout = o;
     }
     std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
-    let victim = rng.below(WORLD as u64) as usize;
-    let vpid = pids[victim];
+    // The link classes have no victim rank: the culprit is the link.
+    let victim = match mesh {
+        Some(_) => usize::MAX,
+        None => rng.below(WORLD as u64) as usize,
+    };
+    let vpid = pids.get(victim).copied().unwrap_or(0);
     let fault_at = unix_ms();
     let mut hogs = Vec::new();
     match class {
@@ -209,6 +280,13 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
             for _ in 0..3 {
                 visit(&ports, rng);
                 std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        "slow-link" | "link-flap" | "link-down" => {
+            if let Some(m) = &mesh {
+                let before = tally.notes.len();
+                link_fault(class, m, &mut tally.notes);
+                tally.faults_failed += usize::from(tally.notes.len() > before);
             }
         }
         "flood" => {
@@ -263,7 +341,7 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
     tally.trials += 1;
     tally.shm_left += shm_left(&pids);
     let mut all_right = true;
-    let expects_verdict = matches!(class, "kill" | "stop-long");
+    let expects_verdict = matches!(class, "kill" | "stop-long" | "link-down");
     if expects_verdict {
         tally.expected_verdicts += 1;
     }
@@ -290,12 +368,18 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
             .zip(out.left.error_times().map(|(_, at)| at));
         match (expects_verdict, error) {
             (true, Some((line, at))) => {
-                let cause = if class == "kill" {
-                    "died"
-                } else {
-                    "unresponsive"
+                let named = match class {
+                    "link-down" => {
+                        line.contains("link between")
+                            && line.contains("is down (both ranks alive)")
+                            && (line.contains("rank 0 (") || line.contains("rank 1 ("))
+                            && line.contains("rank 2 (")
+                    }
+                    "kill" => line.contains(&format!("rank {victim} (")) && line.contains("died"),
+                    _ => {
+                        line.contains(&format!("rank {victim} (")) && line.contains("unresponsive")
+                    }
                 };
-                let named = line.contains(&format!("rank {victim} (")) && line.contains(cause);
                 if named {
                     tally.latencies.push(at.saturating_sub(fault_at));
                 } else {
@@ -333,6 +417,55 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
     }
     if expects_verdict && all_right {
         tally.named_right += 1;
+    }
+}
+
+/// Act on the veth between hosts 0 and 1 of `mesh` (both ends for a slow link).
+fn link_fault(class: &str, mesh: &Mesh, notes: &mut Vec<String>) {
+    let ends = [
+        (&mesh.namespaces[0], mesh.veth(0, 1)),
+        (&mesh.namespaces[1], mesh.veth(1, 0)),
+    ];
+    match class {
+        "slow-link" => {
+            for (ns, dev) in &ends {
+                let shape = [
+                    "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", "20mbit", "burst",
+                    "32kb", "latency", "400ms",
+                ];
+                tc(&shape, notes);
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+            for (ns, dev) in &ends {
+                tc(&["-n", ns, "qdisc", "del", "dev", dev, "root"], notes);
+            }
+        }
+        "link-flap" => {
+            let (ns, dev) = &ends[0];
+            ip(&["-n", ns, "link", "set", dev, "down"], notes);
+            std::thread::sleep(Duration::from_millis(400));
+            ip(&["-n", ns, "link", "set", dev, "up"], notes);
+            // Down flushed the routes through the veth (the mesh's are not connected routes).
+            for (me, peer) in [(0, 1), (1, 0)] {
+                let to = format!("{}/32", Mesh::address(peer));
+                let src = Mesh::address(me);
+                let dev = mesh.veth(me, peer);
+                let route = [
+                    "-n",
+                    &mesh.namespaces[me],
+                    "route",
+                    "replace",
+                    &to,
+                    "dev",
+                    &dev,
+                ];
+                ip(&[&route[..], &["src", &src]].concat(), notes);
+            }
+        }
+        _ => {
+            let (ns, dev) = &ends[0];
+            ip(&["-n", ns, "link", "set", dev, "down"], notes);
+        }
     }
 }
 
@@ -413,6 +546,7 @@ fn main() -> ExitCode {
             || tally.wrong_results > 0
             || tally.hung_jobs > 0
             || tally.shm_left > 0
+            || tally.faults_failed > 0
             || tally.named_right < tally.expected_verdicts;
     }
     if failed {

@@ -42,7 +42,15 @@ impl fmt::Display for UniqueId {
 impl FromStr for UniqueId {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self> {
-        let bad = |why: &str| Error::InvalidArgument(format!("bad unique id '{text}': {why}"));
+        // The error shows the text with its secret part hidden: an id that fails to parse
+        // may still carry the real secret (a typo in the address), and errors are logged.
+        let shown = match text.trim().rsplit_once('/') {
+            Some((head, tail)) if !tail.is_empty() => {
+                format!("{head}/<{} characters hidden>", tail.chars().count())
+            }
+            _ => text.trim().chars().take(64).collect(),
+        };
+        let bad = |why: &str| Error::InvalidArgument(format!("bad unique id '{shown}': {why}"));
         let rest = text
             .trim()
             .strip_prefix("bcl://")
@@ -73,5 +81,26 @@ mod tests {
         ] {
             assert!(bad.parse::<UniqueId>().is_err(), "{bad}");
         }
+    }
+
+    /// An id whose address is wrong still carries the real secret: the error names what is
+    /// wrong and shows no secret digit.
+    #[test]
+    fn a_bad_id_is_refused_without_showing_its_secret() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        for text in [
+            format!("bcl://no-such-host:1/{secret}"),
+            format!("bcl://127.0.0.1/{secret}"),
+            format!("bcl:/127.0.0.1:1/{secret}"),
+        ] {
+            let e = text.parse::<UniqueId>().expect_err("bad address");
+            let shown = e.to_string();
+            assert!(!shown.contains("0123456789abcdef"), "{shown}");
+            assert!(shown.contains("32 characters hidden"), "{shown}");
+        }
+        let e = "bcl://127.0.0.1:1/zz"
+            .parse::<UniqueId>()
+            .expect_err("bad secret");
+        assert!(e.to_string().contains("secret is not 32 hex digits"), "{e}");
     }
 }

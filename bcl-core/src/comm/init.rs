@@ -269,6 +269,33 @@ impl Communicator {
     }
 }
 
+/// Make sure the rendezvous directory is this user's alone before the secret goes into it:
+/// its default name under the temporary directory is predictable, so another user could
+/// have made it first (or a link to elsewhere). A directory of ours with wider modes is
+/// narrowed to 0700; one that is not ours, or not a directory, is refused.
+fn private_directory(dir: &Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("it is not a directory (a symbolic link or a file)".into());
+    }
+    // The owner of /proc/self is this process's effective user.
+    let me = std::fs::metadata("/proc/self")
+        .map_err(|e| format!("cannot tell this process's user from /proc/self: {e}"))?
+        .uid();
+    if meta.uid() != me {
+        return Err(format!(
+            "it belongs to user {}, not to this process's user {me}",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make it private (mode 0700): {e}"))?;
+    }
+    Ok(())
+}
+
 /// The file store in rendezvous directory `dir` (made private to this user), and the secret
 /// rank 0 writes into it.
 fn directory_store(rank: usize, dir: &Path, config: &CommConfig) -> Result<(FileStore, Secret)> {
@@ -284,6 +311,7 @@ fn directory_store(rank: usize, dir: &Path, config: &CommConfig) -> Result<(File
             .create(dir)
             .map_err(|e| failed("cannot create it", &e))?;
     }
+    private_directory(dir).map_err(|why| failed("refused", &why))?;
     let store = FileStore::new(dir).map_err(|e| failed("unusable", &e))?;
     let deadline = Instant::now() + config.init_timeout;
     let key = format!("{}/secret", config.store_prefix);

@@ -48,7 +48,19 @@ impl Store for FileStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key);
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, value).map_err(|e| self.io(format!("writing '{key}'"), e))?;
+        // Readable by this user alone: one of the keys is the communicator's secret.
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(value)
+        };
+        write().map_err(|e| self.io(format!("writing '{key}'"), e))?;
         std::fs::rename(&tmp, &path).map_err(|e| self.io(format!("publishing '{key}'"), e))
     }
 

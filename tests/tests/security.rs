@@ -4,7 +4,7 @@
 //! rank still joins; the secret shows in no line a rank prints (logs at trace level, errors,
 //! the health report dumped after a fault); the rendezvous directory and the shared-memory
 //! segments and the store's files are the user's alone, and a rendezvous directory of another
-//! user is refused.
+//! user is refused; a flood of idle connections on the store or health port stalls nothing.
 
 use bcl_core::UniqueId;
 use bcl_tests::procs::{RankSpec, finish, spawn, wait_ready};
@@ -346,4 +346,82 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         out.push(p);
     }
     out
+}
+
+/// Idle connections held open on `addr` (once it listens) until the returned guard drops.
+fn flood(addr: std::net::SocketAddr, count: usize) -> Vec<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held = Vec::new();
+    while held.len() < count && Instant::now() < deadline {
+        match TcpStream::connect(addr) {
+            Ok(s) => held.push(s),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(
+        held.len(),
+        count,
+        "could not hold {count} connections to {addr}"
+    );
+    held
+}
+
+/// 300 idle connections on rank 0's store port while the others rendezvous, then 300 on its
+/// health port while collectives run: init completes, every result is right and nobody is
+/// called faulty (the accept loops hand a silent connection to a bounded handshake and go on).
+#[test]
+fn a_flood_of_idle_connections_stalls_neither_the_store_nor_the_health_channel() {
+    use bcl_core::{Communicator, ReduceOp};
+    use bcl_tests::{Setup, test_config};
+    let id = UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let first = s.spawn(move || Communicator::init(0, 3, &id, test_config(Setup::TcpCpu, 0)));
+        let held = flood(id.addr, 300);
+        let rest: Vec<_> = (1..3)
+            .map(|r| s.spawn(move || Communicator::init(r, 3, &id, test_config(Setup::TcpCpu, r))))
+            .collect();
+        let mut comms = vec![
+            first
+                .join()
+                .expect("join")
+                .expect("rank 0 despite the flood"),
+        ];
+        comms.extend(
+            rest.into_iter()
+                .map(|h| h.join().expect("join").expect("init")),
+        );
+        drop(held);
+        comms
+    });
+    let health: std::net::SocketAddr = comms[0].peers()[0]
+        .health
+        .as_deref()
+        .expect("health channel on by default")
+        .parse()
+        .expect("address");
+    let held = flood(health, 300);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (comms.iter().enumerate())
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let mut last = Vec::new();
+                    for round in 0..50u64 {
+                        let mut v = vec![r as u64 + round; 4096];
+                        c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                        last = v;
+                    }
+                    Ok::<_, bcl_core::Error>(last)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).collect()
+    });
+    drop(held);
+    for r in results {
+        assert_eq!(
+            r.expect("allreduce under the flood"),
+            vec![3 + 3 * 49; 4096]
+        );
+    }
+    assert!(comms.iter().all(|c| c.async_error().is_none()));
 }

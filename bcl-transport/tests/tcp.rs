@@ -470,3 +470,56 @@ fn garbage_and_oversized_frames_from_a_member_are_protocol_errors_naming_it() {
         assert!(err.to_string().contains("rank 0"), "{what}: {err}");
     }
 }
+
+/// A rank that sends its last message and leaves at once while a frame from its peer has just
+/// come in unread: its close must not reset the connection, which would throw away the part
+/// of that last message still in its kernel's send queue (the "died" verdict a finishing peer
+/// could get when its neighbour destroyed its communicator first). The peer reads slowly, so
+/// the queue is full when the sender leaves.
+#[test]
+fn leaving_with_unread_bytes_does_not_destroy_the_last_message_in_flight() {
+    for round in 0..3u8 {
+        let mut ts = mesh(2, 1);
+        let mut b = ts.pop().expect("rank 1");
+        let mut a = ts.pop().expect("rank 0");
+        let last = vec![round; 32 << 20];
+        let want = last.clone();
+        let (flushed_tx, flushed_rx) = std::sync::mpsc::channel::<()>();
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            let end = deadline(60);
+            let mut told = false;
+            loop {
+                if !told && flushed_rx.try_recv().is_ok() {
+                    // Something rank 0 will not read: it lands in its socket as it leaves.
+                    assert!(b.try_send(0, 1, &[7u8; 1000]).expect("send"));
+                    let _ = sent_tx.send(());
+                    told = true;
+                }
+                b.progress()?;
+                if let Some(m) = b.try_recv(0, 2)? {
+                    return Ok(m.data.clone());
+                }
+                assert!(Instant::now() < end, "the last message never arrived");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let mut sent = false;
+        while !sent || !a.flushed() {
+            if !sent {
+                sent = a.try_send(1, 2, &last).expect("send");
+            }
+            a.progress().expect("progress");
+        }
+        let _ = flushed_tx.send(());
+        let _ = sent_rx.recv();
+        std::thread::sleep(Duration::from_millis(1));
+        drop(a);
+        let got: Result<Vec<u8>, TransportError> = reader.join().expect("reader");
+        let got = got.unwrap_or_else(|e| panic!("round {round}: the last message was lost: {e}"));
+        assert!(
+            got == want,
+            "round {round}: the last message arrived changed"
+        );
+    }
+}

@@ -665,6 +665,50 @@ impl Transport for TcpTransport {
     }
 }
 
+/// How long a closing transport waits, at most, for its peers to end their side.
+const LINGER: Duration = Duration::from_secs(1);
+/// A connection with nothing to read for this long is closed without waiting for its end.
+const QUIET: Duration = Duration::from_millis(20);
+
+impl Drop for TcpTransport {
+    /// Close every connection with its end (FIN), never a reset. A socket closed with unread
+    /// bytes in it is reset, and the reset throws away what its send queue still holds: the
+    /// last message of a rank that finished a collective and left at once, while a frame of
+    /// its peer had just come in, never reached the peer (which then named it dead). So each
+    /// connection is shut for writing, then read and discarded until the peer ends it, it
+    /// stays quiet for [`QUIET`], or [`LINGER`] has passed.
+    fn drop(&mut self) {
+        let mut open: Vec<(&mut TcpStream, Instant)> = Vec::new();
+        let now = Instant::now();
+        for p in self.peers.values_mut() {
+            for c in p.conns.iter_mut().filter(|c| !c.closed) {
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                open.push((&mut c.stream, now));
+            }
+        }
+        let end = now + LINGER;
+        let mut scratch = [0u8; 16 << 10];
+        while !open.is_empty() && Instant::now() < end {
+            open.retain_mut(|(stream, heard)| {
+                loop {
+                    match stream.read(&mut scratch) {
+                        Ok(0) => break false,
+                        Ok(_) => *heard = Instant::now(),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            break heard.elapsed() < QUIET;
+                        }
+                        Err(_) => break false,
+                    }
+                }
+            });
+            if !open.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 /// Why a socket's bytes could not be taken.
 enum ReadError {
     Io(io::Error),

@@ -97,3 +97,20 @@ fn random_arguments_never_crash() {
         assert_eq!(bclCommDestroy(comm), BCL_SUCCESS);
     }
 }
+
+/// The C ABI fuzz target's committed corpus (`fuzz/corpus/c_abi/`: seeds, and any input that
+/// once failed it) replayed through the same harness on stable.
+#[test]
+fn the_c_abi_fuzz_corpus_replays() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/c_abi");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("the c_abi corpus") {
+        let path = entry.expect("an entry").path();
+        let data = std::fs::read(&path).expect("a corpus file");
+        if std::panic::catch_unwind(|| bcl::fuzzing::c_abi(&data)).is_err() {
+            panic!("{} fails the C ABI harness", path.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 14, "the c_abi corpus has {n} inputs");
+}

@@ -676,7 +676,7 @@ impl Drop for TcpTransport {
     /// last message of a rank that finished a collective and left at once, while a frame of
     /// its peer had just come in, never reached the peer (which then named it dead). So each
     /// connection is shut for writing, then read and discarded until the peer ends it, it
-    /// stays quiet for [`QUIET`], or [`LINGER`] has passed.
+    /// stays quiet for `QUIET` (20 ms), or `LINGER` (1 s) has passed.
     fn drop(&mut self) {
         let mut open: Vec<(&mut TcpStream, Instant)> = Vec::new();
         let now = Instant::now();

@@ -33,19 +33,30 @@ fn random_arguments_never_crash() {
     assert_eq!(code, BCL_INVALID_ARGUMENT);
 }
 
-/// The C ABI fuzz target's committed corpus (`fuzz/corpus/c_abi/`: seeds, and any input that
-/// once failed it) replayed through the same harness on stable.
-#[test]
-fn the_c_abi_fuzz_corpus_replays() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/c_abi");
+/// The C ABI fuzz targets' committed corpora (`fuzz/corpus/c_abi*/`: seeds, and any input
+/// that once failed one) replayed through the same harnesses on stable.
+fn replay(target: &str, harness: fn(&[u8])) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
     let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("the c_abi corpus") {
+    for entry in std::fs::read_dir(&dir).expect("the corpus") {
         let path = entry.expect("an entry").path();
         let data = std::fs::read(&path).expect("a corpus file");
-        if std::panic::catch_unwind(|| bcl::fuzzing::c_abi(&data)).is_err() {
-            panic!("{} fails the C ABI harness", path.display());
+        if std::panic::catch_unwind(|| harness(&data)).is_err() {
+            panic!("{} fails the {target} harness", path.display());
         }
         n += 1;
     }
-    assert!(n >= 14, "the c_abi corpus has {n} inputs");
+    assert!(n >= 14, "the {target} corpus has {n} inputs");
+}
+
+#[test]
+fn the_c_abi_fuzz_corpus_replays() {
+    replay("c_abi", bcl::fuzzing::c_abi);
+}
+
+#[test]
+fn the_two_rank_c_abi_fuzz_corpus_replays() {
+    replay("c_abi_two_ranks", bcl::fuzzing::c_abi_two_ranks);
 }

@@ -51,6 +51,17 @@ pub fn describe_hosts(hosts: &[Vec<usize>]) -> String {
     format!("{} {noun}: {}", hosts.len(), list.join(" "))
 }
 
+/// The distinct network interfaces of the ranks in `host` (`None`: one is unknown), sorted.
+pub fn host_nics<'a>(host: &[usize], peers: &'a [RankInfo]) -> Vec<Option<&'a str>> {
+    let mut names: Vec<Option<&str>> = host
+        .iter()
+        .map(|&r| peers.get(r).and_then(|p| p.nic.as_deref()))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// The transport actually used towards one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

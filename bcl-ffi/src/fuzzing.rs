@@ -87,7 +87,14 @@ fn run(call: &Call, real: BclComm, rank: c_int, world: c_int, buf: &mut Buffers)
     } else {
         (root, root)
     };
-    let sends = |first: bool| (world < 2) || ((rank == 0) == first);
+    // A "send" (first) sends on rank 0 of 2 and on a lone rank; a "recv" receives there.
+    let sends = |first: bool| {
+        if world < 2 {
+            first
+        } else {
+            (rank == 0) == first
+        }
+    };
     // SAFETY: every pointer is NULL, one of `buf`'s buffers of 128 bytes (enough for any
     // count the calls can be given below isize::MAX bytes), or a handle BCL looks up without
     // dereferencing.

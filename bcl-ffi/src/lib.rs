@@ -23,6 +23,7 @@
 #![allow(clippy::too_many_arguments)]
 
 pub mod api;
+#[doc(hidden)]
 pub mod fuzzing;
 mod guard;
 mod host_stream;

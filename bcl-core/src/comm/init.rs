@@ -16,7 +16,7 @@ use crate::launch::{Launch, Rendezvous};
 use crate::links;
 use crate::peers::RankInfo;
 use crate::schedule::{Fabric, Layout, cost};
-use crate::topology::{LinkKind, hosts_and_ring};
+use crate::topology::{LinkKind, host_nics, hosts_and_ring};
 use crate::unique_id::UniqueId;
 use bcl_backends::host::{host_identity, hostname};
 use bcl_backends::{Accelerator, open_device};
@@ -442,15 +442,7 @@ fn share_weights(config: &CommConfig, peers: &[RankInfo]) -> Option<Vec<u32>> {
 /// The fewest distinct network interfaces among the ranks of a host (unknown ones count as
 /// one shared interface).
 fn nics_per_host(hosts: &[Vec<usize>], peers: &[RankInfo]) -> usize {
-    let nics = |host: &Vec<usize>| {
-        let mut names: Vec<Option<&str>> = host
-            .iter()
-            .map(|&r| peers.get(r).and_then(|p| p.nic.as_deref()))
-            .collect();
-        names.sort_unstable();
-        names.dedup();
-        names.len()
-    };
+    let nics = |host: &Vec<usize>| host_nics(host, peers).len();
     hosts.iter().map(nics).min().unwrap_or(1).max(1)
 }
 

@@ -185,13 +185,9 @@ impl Communicator {
     /// The interfaces of each host as one line for headers (`host 0: eth0; host 1: eth0, eth1`,
     /// `?` where unknown).
     pub fn describe_nics(&self) -> String {
-        let nics = self.nics();
         let host = |(h, ranks): (usize, &Vec<usize>)| {
-            let mut names: Vec<&str> = (ranks.iter())
-                .map(|&r| nics.get(r).and_then(|n| n.as_deref()).unwrap_or("?"))
-                .collect();
-            names.sort_unstable();
-            names.dedup();
+            let names = crate::topology::host_nics(ranks, &self.shared.peers);
+            let names: Vec<&str> = names.iter().map(|n| n.unwrap_or("?")).collect();
             format!("host {h}: {}", names.join(", "))
         };
         let hosts: Vec<String> = self.hosts().iter().enumerate().map(host).collect();

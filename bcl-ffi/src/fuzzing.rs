@@ -44,7 +44,8 @@ impl Call {
 }
 
 /// The harness's own buffers: every count a call can be given below `isize::MAX` bytes
-/// (16 elements of 8 bytes) fits them.
+/// fits them, per rank of a world of 2 (allgather's output and all-to-all's buffers hold
+/// 16 elements of 8 bytes for each rank).
 struct Buffers {
     a: Vec<u8>,
     b: Vec<u8>,
@@ -53,8 +54,8 @@ struct Buffers {
 impl Buffers {
     fn new() -> Self {
         Buffers {
-            a: vec![1u8; 16 * 8],
-            b: vec![0u8; 16 * 8],
+            a: vec![1u8; 2 * 16 * 8],
+            b: vec![0u8; 2 * 16 * 8],
         }
     }
 }
@@ -95,9 +96,9 @@ fn run(call: &Call, real: BclComm, rank: c_int, world: c_int, buf: &mut Buffers)
             (rank == 0) == first
         }
     };
-    // SAFETY: every pointer is NULL, one of `buf`'s buffers of 128 bytes (enough for any
-    // count the calls can be given below isize::MAX bytes), or a handle BCL looks up without
-    // dereferencing.
+    // SAFETY: every pointer is NULL, one of `buf`'s buffers of 256 bytes (enough for any
+    // count the calls can be given below isize::MAX bytes, times a world of 2), or a handle
+    // BCL looks up without dereferencing.
     let code = unsafe {
         match call.0[0] % 14 {
             0 => bclAllReduce(send, recv, count, dtype, op, c, stream),
@@ -249,17 +250,39 @@ pub fn c_abi_two_ranks(data: &[u8]) {
         }
         pair().unwrap_or_else(|| panic!("no 2-rank communicator could be made again"))
     };
-    // The pair still works (or its replacement does).
-    let sums: Vec<(BclResult, [f32; 4])> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|r| s.spawn(move || sum_of_four(comms[r] as BclComm, r as f32 + 1.0)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or((BCL_INTERNAL_ERROR, [0.0; 4])))
-            .collect()
-    });
-    for (r, (code, y)) in sums.iter().enumerate() {
-        assert_eq!(*code, BCL_SUCCESS, "rank {r} of the pair cannot allreduce");
+    // The pair still works, or reports why not with a code of bcl.h: a program in which one
+    // rank refused a rooted call its peer completed (a gather's sender) leaves the ranks one
+    // collective apart, which the next call names as a mismatch. Then a fresh pair must work.
+    let sums = |comms: [usize; 2]| -> Vec<(BclResult, [f32; 4])> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| s.spawn(move || sum_of_four(comms[r] as BclComm, r as f32 + 1.0)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or((BCL_INTERNAL_ERROR, [0.0; 4])))
+                .collect()
+        })
+    };
+    let mut comms = comms;
+    let mut results = sums(comms);
+    if results.iter().any(|(code, _)| *code != BCL_SUCCESS) {
+        for (code, _) in &results {
+            assert!(
+                (0..BCL_NUM_RESULTS).contains(code) && *code != BCL_INTERNAL_ERROR,
+                "code {code}"
+            );
+        }
+        for c in comms {
+            let _ = bclCommDestroy(c as BclComm);
+        }
+        comms = pair().unwrap_or_else(|| panic!("no 2-rank communicator could be made again"));
+        results = sums(comms);
+    }
+    for (r, (code, y)) in results.iter().enumerate() {
+        assert_eq!(
+            *code, BCL_SUCCESS,
+            "rank {r} of a fresh pair cannot allreduce"
+        );
         assert_eq!(*y, [3.0; 4], "rank {r}");
     }
     *held = Some(comms);

@@ -34,6 +34,9 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
     python3 -m pip install --quiet --no-deps --break-system-packages --target /opt/bcl-nvrtc "${wheel[@]}"
 fi
 
+# The flood tests (tests/tests/security.rs) hold a few hundred connections on both ends at once,
+# beyond a default soft limit of 1024 descriptors: take the hard limit.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # Every test bounds its own waits; this outer limit only guards against the unforeseen.
 timeout 1800 cargo test --workspace --release --locked
 echo "== cuda backend, no GPU here: kernels compile through NVRTC; opening cuda:N is an error"

@@ -136,6 +136,18 @@ pub mod exchange {
 
     /// Accepting side.
     pub fn server<S: Read + Write>(s: &mut S, secret: &Secret, context: &[u8]) -> io::Result<()> {
+        server_then(s, secret, context, || {})
+    }
+
+    /// Accepting side, calling `proven` once the client has proved the secret and before it
+    /// is told so: a listener frees the connection's handshake slot there, so a member that
+    /// has read its acceptance can no longer be cut as a stranger.
+    pub fn server_then<S: Read + Write>(
+        s: &mut S,
+        secret: &Secret,
+        context: &[u8],
+        proven: impl FnOnce(),
+    ) -> io::Result<()> {
         let mut hello = [0u8; 4 + 16];
         s.read_exact(&mut hello)?;
         if &hello[..4] != b"BCLH" {
@@ -151,6 +163,7 @@ pub mod exchange {
         if !secret.verify(&proof, b"client", &mine, &theirs, context) {
             return Err(fail("client does not know the communicator's secret"));
         }
+        proven();
         s.write_all(b"BCLK")?;
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! [`Capabilities`], and it knows nothing of collectives: only an opaque [`PeerAddress`] of at
 //! most 128 bytes that the core exchanges for it through a [`store::Store`].
 
+pub mod admission;
 pub mod auth;
 #[cfg(test)]
 mod contract;

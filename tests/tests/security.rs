@@ -425,3 +425,63 @@ fn a_flood_of_idle_connections_stalls_neither_the_store_nor_the_health_channel()
     }
     assert!(comms.iter().all(|c| c.async_error().is_none()));
 }
+
+/// More idle strangers on the store port than it lets into its handshake at once: they evict
+/// each other (oldest first), so the handshakes in flight, and the threads and descriptors
+/// behind them, stay at the bound; a member dialling in the middle of the flood still gets
+/// in (cut, it dials again) and its requests are served.
+#[test]
+fn a_flood_beyond_the_handshake_bound_evicts_itself_and_a_member_still_gets_in() {
+    use bcl_transport::store::Store;
+    use bcl_transport::store::{HANDSHAKES_IN_FLIGHT, TcpStore, TcpStoreServer};
+    let secret = Secret::derive("flood");
+    let server = TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("up");
+    let strangers = HANDSHAKES_IN_FLIGHT + 100;
+    let mut held = flood(server.addr(), strangers / 2);
+    let member = TcpStore::connect(
+        server.addr(),
+        &secret,
+        Instant::now() + Duration::from_secs(10),
+    )
+    .expect("a member dialling into the flood gets in");
+    held.extend(flood(server.addr(), strangers - strangers / 2));
+    // The accept loop takes the queue at its own pace: wait until it has seen every stranger.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.handshakes().1 < (strangers - HANDSHAKES_IN_FLIGHT) as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "evictions: {:?}",
+            server.handshakes()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (in_flight, _) = server.handshakes();
+    assert!(
+        in_flight <= HANDSHAKES_IN_FLIGHT,
+        "{in_flight} handshakes in flight"
+    );
+    // Evicted strangers' threads end at once: the connections served settle at the bound
+    // plus the member.
+    while server.clients() > HANDSHAKES_IN_FLIGHT + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{} connections still served",
+            server.clients()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    member.set("k", b"v").expect("set under the flood");
+    assert_eq!(
+        member
+            .get("k", Instant::now() + Duration::from_secs(5))
+            .expect("get under the flood"),
+        b"v"
+    );
+    // The oldest strangers were the ones cut: their server end is gone.
+    let mut b = [0u8; 1];
+    held[0]
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    assert_eq!(held[0].read(&mut b).expect("the cut end reads EOF"), 0);
+    drop(held);
+}

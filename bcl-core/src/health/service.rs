@@ -7,6 +7,8 @@ use super::Inner;
 use super::diagnose::{self, Diagnosis, Symptom};
 use super::verdict::Verdict;
 use super::wire::{self, FrameReader, Message, Purpose};
+use bcl_transport::admission::{Admission, Ticket};
+use bcl_transport::auth::exchange;
 use bcl_transport::tcp::wait_readable;
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
@@ -83,12 +85,14 @@ impl Link {
 pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram) {
     let mut links: Vec<Link> = Vec::new();
     let mut next_window = Instant::now() + inner.config.window;
+    // Every peer may probe or deliver to this rank at once during a diagnosis.
+    let admission = Admission::new(2 * inner.peers().len() + STRANGERS_IN_FLIGHT);
     loop {
         if inner.stop.load(Ordering::Acquire) {
             say_goodbye(&inner, links);
             return;
         }
-        accept(&inner, &listener);
+        accept(&inner, &listener, &admission);
         adopt_new_links(&inner, &mut links);
         let flood: Vec<(Verdict, Option<usize>)> = std::mem::take(&mut *inner.to_flood.lock());
         for (verdict, from) in &flood {
@@ -113,13 +117,23 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
     }
 }
 
-/// Hand every connection waiting on the listener to a helper that authenticates it.
-fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
-    loop {
+/// Handshakes of strangers (beyond two per peer) in flight at once on the health port.
+const STRANGERS_IN_FLIGHT: usize = 32;
+/// Connections taken per round of the loop: a flood waits on the listener's queue instead of
+/// delaying the heartbeats (the loop comes straight back while the listener is readable).
+const ACCEPTS_PER_ROUND: usize = 16;
+
+/// Hand the connections waiting on the listener (at most [`ACCEPTS_PER_ROUND`]) to helpers
+/// that authenticate them, within `admission`'s bound on handshakes in flight.
+fn accept(inner: &Arc<Inner>, listener: &TcpListener, admission: &Arc<Admission>) {
+    for _ in 0..ACCEPTS_PER_ROUND {
         match listener.accept() {
             Ok((stream, from)) => {
                 let inner2 = inner.clone();
-                spawn_helper(inner, "accept", move || handshake(&inner2, stream, from));
+                let ticket = admission.enter(&stream);
+                spawn_helper(inner, "accept", move || {
+                    handshake(&inner2, stream, from, ticket);
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => {
@@ -294,7 +308,12 @@ fn suspect(inner: &Arc<Inner>, peer: usize, symptom: Symptom) {
 }
 
 /// Serve one accepted connection: authenticate, then do what its hello asks.
-fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAddr) {
+fn handshake(
+    inner: &Arc<Inner>,
+    mut stream: TcpStream,
+    from: std::net::SocketAddr,
+    ticket: Ticket,
+) {
     let timeout = Some(inner.probe_timeout * 2);
     let setup = stream
         .set_nonblocking(false)
@@ -302,7 +321,8 @@ fn handshake(inner: &Arc<Inner>, mut stream: TcpStream, from: std::net::SocketAd
         .and_then(|()| stream.set_write_timeout(timeout))
         .and_then(|()| stream.set_nodelay(true))
         .and_then(|()| {
-            bcl_transport::auth::exchange::server(&mut stream, &inner.secret, wire::AUTH_CONTEXT)
+            let proven = move || drop(ticket);
+            exchange::server_then(&mut stream, &inner.secret, wire::AUTH_CONTEXT, proven)
         })
         .and_then(|()| wire::receive(&mut stream));
     let (peer, purpose) = match setup {

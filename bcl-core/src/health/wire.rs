@@ -181,7 +181,8 @@ pub fn receive(stream: &mut TcpStream) -> io::Result<Message> {
 }
 
 /// Open an authenticated health connection to `addr` for `purpose`, every step bounded by
-/// `timeout`.
+/// `timeout`. A handshake cut by the listener's bound on handshakes in flight (a flood of
+/// strangers there) is tried again, a few times, within `timeout`.
 pub fn dial(
     addr: SocketAddr,
     secret: &bcl_transport::Secret,
@@ -189,11 +190,26 @@ pub fn dial(
     purpose: Purpose,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.set_nodelay(true)?;
-    bcl_transport::auth::exchange::client(&mut stream, secret, AUTH_CONTEXT)?;
+    use bcl_transport::admission;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut attempt = 1;
+    let mut stream = loop {
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.set_nodelay(true)?;
+        match bcl_transport::auth::exchange::client(&mut stream, secret, AUTH_CONTEXT) {
+            Ok(()) => break stream,
+            Err(e)
+                if admission::was_cut(&e)
+                    && attempt < admission::ATTEMPTS
+                    && std::time::Instant::now() < deadline =>
+            {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     send(
         &mut stream,
         &Message::Hello {

@@ -9,7 +9,7 @@ mod tcp;
 pub use file::FileStore;
 pub use memory::MemoryStore;
 pub(crate) use tcp::AUTH_CONTEXT;
-pub use tcp::{TcpStore, TcpStoreServer};
+pub use tcp::{HANDSHAKES_IN_FLIGHT, TcpStore, TcpStoreServer};
 
 use std::time::Instant;
 use thiserror::Error;

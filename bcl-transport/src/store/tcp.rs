@@ -5,6 +5,7 @@
 //! ([`crate::auth`]); a stranger is dropped and the server carries on.
 
 use super::{Store, StoreError};
+use crate::admission::{self, Admission, Ticket};
 use crate::auth::{Secret, exchange};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,9 @@ use std::time::{Duration, Instant};
 pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-store-v1";
 const MAX_MESSAGE: usize = 16 << 20;
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+/// Store handshakes in flight at once: every rank of a large job may connect in the same
+/// moment, and a member's handshake takes a round trip; strangers beyond it evict each other.
+pub const HANDSHAKES_IN_FLIGHT: usize = 256;
 
 #[derive(Serialize, Deserialize)]
 enum Request {
@@ -67,6 +71,7 @@ pub struct TcpStoreServer {
     stop: Arc<AtomicBool>,
     table: Arc<Table>,
     open: Connections,
+    admission: Arc<Admission>,
     accept: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -94,16 +99,19 @@ impl TcpStoreServer {
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(Table::default());
         let open: Connections = Arc::default();
+        let admission = Admission::new(HANDSHAKES_IN_FLIGHT);
         let (stop2, table2, open2) = (stop.clone(), table.clone(), open.clone());
+        let admission2 = admission.clone();
         let accept = std::thread::Builder::new()
             .name("bcl-store".into())
-            .spawn(move || serve(listener, secret, table2, stop2, open2))
+            .spawn(move || serve(listener, secret, table2, stop2, open2, admission2))
             .map_err(|e| io("starting the server thread", e))?;
         Ok(TcpStoreServer {
             addr,
             stop,
             table,
             open,
+            admission,
             accept: Some(accept),
         })
     }
@@ -115,6 +123,12 @@ impl TcpStoreServer {
     /// Connections being served now (strangers still in the handshake included).
     pub fn clients(&self) -> usize {
         self.open.lock().len()
+    }
+
+    /// Handshakes in flight now (at most [`HANDSHAKES_IN_FLIGHT`]), and those cut so far to
+    /// make room for newer connections.
+    pub fn handshakes(&self) -> (usize, u64) {
+        (self.admission.in_flight(), self.admission.evicted())
     }
 }
 
@@ -145,6 +159,7 @@ fn serve(
     table: Arc<Table>,
     stop: Arc<AtomicBool>,
     open: Connections,
+    admission: Arc<Admission>,
 ) {
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let mut next = 0u64;
@@ -159,10 +174,11 @@ fn serve(
                 if let Ok(copy) = stream.try_clone() {
                     open.lock().insert(id, copy);
                 }
+                let ticket = admission.enter(&stream);
                 let spawned = std::thread::Builder::new()
                     .name("bcl-store-client".into())
                     .spawn(move || {
-                        if let Err(e) = serve_client(stream, &secret, &table, &stop)
+                        if let Err(e) = serve_client(stream, &secret, &table, &stop, ticket)
                             && e.kind() != std::io::ErrorKind::UnexpectedEof
                         {
                             tracing::warn!(%from, error = %e, "store client dropped");
@@ -200,11 +216,12 @@ fn serve_client(
     secret: &Secret,
     table: &Table,
     stop: &AtomicBool,
+    ticket: Ticket,
 ) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
     s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
-    exchange::server(&mut s, secret, AUTH_CONTEXT)?;
+    exchange::server_then(&mut s, secret, AUTH_CONTEXT, move || drop(ticket))?;
     // Clients may be idle for a long time between requests; poll the stop flag meanwhile.
     s.set_read_timeout(Some(Duration::from_millis(200)))?;
     loop {
@@ -294,9 +311,15 @@ impl TcpStore {
         deadline: Instant,
     ) -> Result<Self, StoreError> {
         let name = format!("tcp ({addr})");
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                Ok(s) => break s,
+        let io = |what: &str, source| StoreError::Io {
+            store: format!("tcp ({addr})"),
+            what: what.to_string(),
+            source,
+        };
+        let mut attempt = 1;
+        let stream = loop {
+            let mut stream = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(s) => s,
                 Err(source) if Instant::now() >= deadline => {
                     return Err(StoreError::Io {
                         store: name,
@@ -305,22 +328,34 @@ impl TcpStore {
                         source,
                     });
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            };
+            stream
+                .set_read_timeout(Some(HANDSHAKE_LIMIT))
+                .map_err(|e| io("configuring", e))?;
+            stream.set_nodelay(true).map_err(|e| io("configuring", e))?;
+            match exchange::client(&mut stream, secret, AUTH_CONTEXT) {
+                Ok(()) => break stream,
+                // Cut by the server's bound on handshakes in flight (a flood): again.
+                Err(e)
+                    if admission::was_cut(&e)
+                        && attempt < admission::ATTEMPTS
+                        && Instant::now() < deadline =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(StoreError::Protocol {
+                        store: name,
+                        reason: format!("handshake failed (wrong unique id?): {e}"),
+                    });
+                }
             }
         };
-        let io = |what: &str, source| StoreError::Io {
-            store: format!("tcp ({addr})"),
-            what: what.to_string(),
-            source,
-        };
-        stream
-            .set_read_timeout(Some(HANDSHAKE_LIMIT))
-            .map_err(|e| io("configuring", e))?;
-        stream.set_nodelay(true).map_err(|e| io("configuring", e))?;
-        exchange::client(&mut stream, secret, AUTH_CONTEXT).map_err(|e| StoreError::Protocol {
-            store: format!("tcp ({addr})"),
-            reason: format!("handshake failed (wrong unique id?): {e}"),
-        })?;
         Ok(TcpStore {
             addr,
             stream: Mutex::new(stream),

@@ -2,6 +2,7 @@
 //! and then says which rank and socket index it is. Strangers are refused and logged; setup
 //! carries on.
 
+use crate::admission::{self, Admission, Ticket};
 use crate::auth::{Secret, exchange};
 use crate::error::TransportError;
 use crate::transport::PeerAddress;
@@ -16,6 +17,8 @@ use std::time::{Duration, Instant};
 pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-tcp-v1";
 /// The longest a single stranger can hold one accept slot.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+/// Handshakes of strangers (beyond the peers expected) in flight at once on a setup socket.
+pub(crate) const STRANGERS_IN_FLIGHT: usize = 32;
 
 /// Listen on `ip`, an ephemeral port, and the address to publish for it. `what` names the
 /// listener in errors ("a TCP listener", "the rdma setup listener").
@@ -77,32 +80,60 @@ pub(crate) fn dial(
         addr: addr.to_string(),
         source,
     };
-    let mut stream = loop {
-        match TcpStream::connect_timeout(&addr, remaining(deadline).min(Duration::from_secs(2))) {
-            Ok(s) => break s,
+    let mut attempt = 1;
+    let (stream, answer) = loop {
+        let mut stream = match TcpStream::connect_timeout(
+            &addr,
+            remaining(deadline).min(Duration::from_secs(2)),
+        ) {
+            Ok(s) => s,
             Err(e) if Instant::now() >= deadline => return Err(io("connect", e)),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
+        let limit = Some(remaining(deadline).min(HANDSHAKE_LIMIT));
+        stream
+            .set_read_timeout(limit)
+            .map_err(|e| io("configure", e))?;
+        stream
+            .set_write_timeout(limit)
+            .map_err(|e| io("configure", e))?;
+        let mut intro = [0u8; 12];
+        intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
+        intro[4..8].copy_from_slice(&(peer as u32).to_le_bytes());
+        intro[8..].copy_from_slice(&(index as u32).to_le_bytes());
+        let mut ok = [0u8; 2];
+        let outcome = exchange::client(&mut stream, secret, context)
+            .map_err(|e| (e, false))
+            .and_then(|()| {
+                stream
+                    .write_all(&intro)
+                    .and_then(|()| stream.read_exact(&mut ok))
+                    .map_err(|e| (e, true))
+            });
+        match outcome {
+            Ok(()) => break (stream, ok),
+            // Cut by the peer's bound on handshakes in flight (a flood): again.
+            Err((e, _))
+                if admission::was_cut(&e)
+                    && attempt < admission::ATTEMPTS
+                    && Instant::now() < deadline =>
+            {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err((e, true)) => return Err(io("introduce", e)),
+            Err((e, false)) => {
+                return Err(TransportError::Handshake {
+                    addr: format!("rank {peer} ({addr})"),
+                    reason: e.to_string(),
+                });
+            }
         }
     };
-    let limit = Some(remaining(deadline).min(HANDSHAKE_LIMIT));
-    stream
-        .set_read_timeout(limit)
-        .map_err(|e| io("configure", e))?;
-    stream
-        .set_write_timeout(limit)
-        .map_err(|e| io("configure", e))?;
-    exchange::client(&mut stream, secret, context).map_err(|e| TransportError::Handshake {
-        addr: format!("rank {peer} ({addr})"),
-        reason: e.to_string(),
-    })?;
-    let mut intro = [0u8; 12];
-    intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
-    intro[4..8].copy_from_slice(&(peer as u32).to_le_bytes());
-    intro[8..].copy_from_slice(&(index as u32).to_le_bytes());
-    stream.write_all(&intro).map_err(|e| io("introduce", e))?;
-    let mut ok = [0u8; 2];
-    stream.read_exact(&mut ok).map_err(|e| io("introduce", e))?;
-    if &ok != b"OK" {
+    if &answer != b"OK" {
         return Err(TransportError::Handshake {
             addr: format!("rank {peer} ({addr})"),
             reason: "peer refused our introduction".into(),
@@ -118,12 +149,15 @@ fn admit(
     local_rank: usize,
     expected: &HashSet<(usize, usize)>,
     context: &[u8],
+    ticket: Ticket,
 ) -> Result<Established, String> {
     stream
         .set_read_timeout(Some(HANDSHAKE_LIMIT))
         .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_LIMIT)))
         .map_err(|e| e.to_string())?;
-    exchange::server(&mut stream, secret, context).map_err(|e| e.to_string())?;
+    // A member once proven: the rest is bounded by the time limit, not by strangers.
+    exchange::server_then(&mut stream, secret, context, move || drop(ticket))
+        .map_err(|e| e.to_string())?;
     let mut intro = [0u8; 12];
     stream.read_exact(&mut intro).map_err(|e| e.to_string())?;
     let word = |i: usize| {
@@ -155,6 +189,9 @@ pub(crate) fn accept_all(
         source,
     };
     listener.set_nonblocking(true).map_err(setup)?;
+    // Every expected peer may be in its handshake at once; strangers beyond that evict each
+    // other (the oldest first), so a flood holds at most this many threads.
+    let admission = Admission::new(expected.len() + STRANGERS_IN_FLIGHT);
     let (tx, rx) = mpsc::channel();
     let mut done = Vec::new();
     let mut seen = HashSet::new();
@@ -164,10 +201,12 @@ pub(crate) fn accept_all(
                 Ok((stream, from)) => {
                     let tx = tx.clone();
                     let expected = expected.clone();
+                    let ticket = admission.enter(&stream);
                     std::thread::spawn(move || {
                         let _ = stream.set_nonblocking(false);
-                        let _ =
-                            tx.send((from, admit(stream, &secret, local_rank, &expected, context)));
+                        let admitted =
+                            admit(stream, &secret, local_rank, &expected, context, ticket);
+                        let _ = tx.send((from, admitted));
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,

@@ -5,8 +5,9 @@
 # flood of idle connections to them; a CPU hog; on namespace hosts, a tc-slowed link, a veth
 # down and up, a veth down for good), trials alternating between shared memory and tcp.
 # Prints per fault class: culprit and cause named, verdict latency p50/p95/max, false
-# verdicts, wrong results, hung jobs and /dev/shm names left; fails on any false verdict,
-# wrong result, hang, leftover, miss or fault that could not be injected (root needed).
+# verdicts, wrong results, hung jobs and what was left (descriptors, threads and listening
+# ports each surviving rank held after destroying its communicator; /dev/shm names); fails on
+# any false verdict, wrong result, hang, leftover, miss or fault not injected (root needed).
 # Usage: scripts/chaos.sh [short|long|TRIALS] [CLASS...]   (short: 3 trials per class, CI;
 # long: 30, for the figures in docs/chaos.md)
 set -euo pipefail

@@ -7,6 +7,7 @@
 
 pub mod netns;
 pub mod procs;
+pub mod resources;
 
 use bcl_bench::buffers::{Placement, RankBuffers};
 use bcl_bench::with_element_type;

@@ -5,33 +5,14 @@
 
 use bcl_core::Cause;
 use bcl_core::{Communicator, Error, ReduceOp};
+use bcl_tests::resources::Held;
 use bcl_tests::{Setup, test_config};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn count_entries(dir: &str) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.count())
-}
-
-/// Threads and open descriptors of this process, once they settle (exiting threads take a
-/// moment to leave /proc).
-fn settled_counts(target: Option<(usize, usize)>) -> (usize, usize) {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = (
-            count_entries("/proc/self/task"),
-            count_entries("/proc/self/fd"),
-        );
-        if target.is_none_or(|t| now == t) || Instant::now() > end {
-            return now;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn abort_under_load_fails_every_rank_within_100_ms_and_leaves_nothing_behind() {
-    let baseline = settled_counts(None);
+    let baseline = Held::mine();
     {
         let comms: Vec<Arc<Communicator>> =
             Communicator::init_threads_with(4, |r| test_config(Setup::TcpCpu, r))
@@ -88,9 +69,9 @@ fn abort_under_load_fails_every_rank_within_100_ms_and_leaves_nothing_behind() {
         assert!(e.to_string().contains("aborted the communicator"), "{e}");
         assert!(comms[3].async_error().is_some());
     }
-    let after = settled_counts(Some(baseline));
-    assert_eq!(
-        after, baseline,
-        "(threads, fds) after destroying the communicators differ from before"
+    let left = Held::left_beyond(&baseline, Duration::from_secs(5));
+    assert!(
+        left.is_empty(),
+        "destroying the communicators left {left:?} beyond what the process held before"
     );
 }

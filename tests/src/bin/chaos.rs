@@ -1,9 +1,10 @@
 //! The chaos soak (`scripts/chaos.sh`): jobs of 4 `bcl-rank` processes running the `soak`
 //! scenario (collectives whose every result is checked), each hit by one fault at a random
 //! moment, and per fault class: how often the culprit and cause were named right, how long
-//! the verdict took, false verdicts, wrong results, jobs that hung, and `/dev/shm` names left
-//! behind. Exit 1 when any false verdict, wrong result, hang, leftover or missed verdict
-//! occurred.
+//! the verdict took, false verdicts, wrong results, jobs that hung, and what was left behind:
+//! descriptors, threads and listening ports each surviving rank still held once its
+//! communicator was destroyed (it says, in its `left` line), and `/dev/shm` names of the job.
+//! Exit 1 when any false verdict, wrong result, hang, leftover or missed verdict occurred.
 //!
 //! Usage: `bcl-chaos TRIALS [CLASS...]`; classes: kill (SIGKILL), stop-short (SIGSTOP 0.5 s,
 //! below the 2 s hang timeout: no verdict may come), stop-long (SIGSTOP 5 s: the rank must be
@@ -21,6 +22,7 @@
 
 use bcl_tests::netns::Mesh;
 use bcl_tests::procs::{Finished, finish_or_kill, unix_ms};
+use bcl_tests::resources::{Held, listening_ports};
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -105,36 +107,6 @@ fn signal(pid: u32, sig: &str) {
         .status();
 }
 
-/// The TCP ports `pid` listens on (its socket inodes matched in /proc/net/tcp).
-fn listening_ports(pid: u32) -> Vec<u16> {
-    let mut inodes = Vec::new();
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-        for e in dir.flatten() {
-            if let Ok(target) = std::fs::read_link(e.path()) {
-                let t = target.to_string_lossy();
-                if let Some(inode) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
-                    inodes.push(inode.to_string());
-                }
-            }
-        }
-    }
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, inode is field 9.
-            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
-                let port = f[1].rsplit(':').next()?;
-                u16::from_str_radix(port, 16).ok()
-            } else {
-                None
-            }
-        })
-        .collect()
-}
-
 /// Garbage, then a handshake hello replayed from nowhere, to every port.
 fn visit(ports: &[u16], rng: &mut Rng) {
     for &port in ports {
@@ -178,6 +150,13 @@ struct Tally {
     wrong_results: usize,
     hung_jobs: usize,
     shm_left: usize,
+    /// Descriptors, threads and listening ports the ranks still held once their communicator
+    /// was destroyed (summed over ranks and jobs), and ranks that never said (a rank that
+    /// ended without its `left` line: the killed one is not asked).
+    fds_left: usize,
+    threads_left: usize,
+    ports_left: usize,
+    unaccounted: usize,
     /// Trials whose fault could not be injected (an `ip` or `tc` command failed).
     faults_failed: usize,
     notes: Vec<String>,
@@ -359,6 +338,27 @@ fn trial(class: &str, t: usize, rng: &mut Rng, rank_bin: &str, tally: &mut Tally
                 .notes
                 .push(format!("trial {t}: rank {r}: {}", out.left.stderr.trim()));
         }
+        if !(class == "kill" && r == victim) {
+            match Held::parse_left(&out.left.stdout) {
+                Some((fds, threads, ports)) => {
+                    tally.fds_left += fds;
+                    tally.threads_left += threads;
+                    tally.ports_left += ports;
+                    if fds + threads + ports > 0 {
+                        tally.notes.push(format!(
+                            "trial {t} ({transport}): rank {r} kept fds={fds} threads={threads} listening={ports}"
+                        ));
+                    }
+                }
+                None if !out.hung => {
+                    tally.unaccounted += 1;
+                    tally
+                        .notes
+                        .push(format!("trial {t}: rank {r} did not say what it kept"));
+                }
+                None => {}
+            }
+        }
         if r == victim && expects_verdict {
             continue; // the victim's own end says nothing about the verdict
         }
@@ -508,7 +508,7 @@ fn main() -> ExitCode {
     };
     let mut failed = false;
     println!(
-        "| class | trials | culprit and cause named | verdict p50 / p95 / max ms | false verdicts | wrong results | hung | /dev/shm left |"
+        "| class | trials | culprit and cause named | verdict p50 / p95 / max ms | false verdicts | wrong results | hung | left: fds / threads / ports / /dev/shm |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (k, class) in classes.iter().enumerate() {
@@ -529,7 +529,7 @@ fn main() -> ExitCode {
             )
         };
         println!(
-            "| {class} | {} | {named} | {} / {} / {} | {} | {} | {} | {} |",
+            "| {class} | {} | {named} | {} / {} / {} | {} | {} | {} | {} / {} / {} / {} |",
             tally.trials,
             pct(&tally.latencies, 0.5),
             pct(&tally.latencies, 0.95),
@@ -537,6 +537,9 @@ fn main() -> ExitCode {
             tally.false_verdicts,
             tally.wrong_results,
             tally.hung_jobs,
+            tally.fds_left,
+            tally.threads_left,
+            tally.ports_left,
             tally.shm_left
         );
         for n in &tally.notes {
@@ -546,6 +549,7 @@ fn main() -> ExitCode {
             || tally.wrong_results > 0
             || tally.hung_jobs > 0
             || tally.shm_left > 0
+            || tally.fds_left + tally.threads_left + tally.ports_left + tally.unaccounted > 0
             || tally.faults_failed > 0
             || tally.named_right < tally.expected_verdicts;
     }

@@ -20,7 +20,8 @@
 //!   loop of collectives whose every result is checked against its closed form: an allreduce
 //!   of 1, 1000 or 65536 f64 (cycling), an allgather, a broadcast. Prints `ready` after the
 //!   first round and `done N` at the end; a wrong result prints `rank R WRONG ...` on stderr
-//!   and exits 9.
+//!   and exits 9. Last, on every path, the communicator destroyed: `left fds=F threads=T
+//!   listening=P`, what the process holds beyond what it held before init.
 //!
 //! * `shm-orphan`: no communicator: a shm endpoint sets up its ring for a peer that never comes,
 //!   prints `ready` once the ring exists, and waits (to be killed).
@@ -31,6 +32,7 @@
 
 use bcl_core::{Collective, Communicator, DataType, ReduceOp};
 use bcl_tests::procs::{env_or as var, unix_ms};
+use bcl_tests::resources::Held;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
     if scenario == "shm-orphan" {
         return shm_orphan();
     }
+    let baseline = Held::mine();
     let comm = match Communicator::init_from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -78,7 +81,16 @@ fn main() -> ExitCode {
         "sleepy" => sleepy(&comm),
         "desync" => desync(&comm),
         "watch" => watch(&comm),
-        "soak" => soak(&comm),
+        "soak" => {
+            let outcome = soak(&comm);
+            // What the communicator left once destroyed, on every path (fault or not).
+            drop(comm);
+            println!(
+                "{}",
+                Held::left_beyond(&baseline, Duration::from_secs(2)).left_line()
+            );
+            outcome
+        }
         other => {
             eprintln!(
                 "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, soak, shm-orphan)"

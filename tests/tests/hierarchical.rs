@@ -20,6 +20,19 @@ const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
 /// allreduce with `expect` (the forced algorithm, or auto's pick).
 fn suite(sizes: &[usize], algo: &str, expect: &str, extra: &[(&str, &str)], port: u16) {
     let cluster = Cluster::create(sizes.len(), Some("2gbit"));
+    suite_on(&cluster, sizes, algo, expect, extra, port);
+}
+
+/// [`suite`] on `cluster`: with several NICs per host, rank `l` of a host binds to NIC
+/// `l % nics`, so each rail between hosts has a NIC of its own.
+fn suite_on(
+    cluster: &Cluster,
+    sizes: &[usize],
+    algo: &str,
+    expect: &str,
+    extra: &[(&str, &str)],
+    port: u16,
+) {
     let host_of: Vec<usize> = (sizes.iter().enumerate())
         .flat_map(|(h, &n)| std::iter::repeat_n(h, n))
         .collect();
@@ -28,9 +41,10 @@ fn suite(sizes: &[usize], algo: &str, expect: &str, extra: &[(&str, &str)], port
         .parse()
         .expect("addr");
     let id = UniqueId::at(root).expect("id").to_string();
+    let local = |rank: usize| (0..rank).filter(|&r| host_of[r] == host_of[rank]).count();
     let children: Vec<_> = (0..world)
         .map(|rank| {
-            let bind = cluster.address(host_of[rank]);
+            let bind = cluster.address_on(host_of[rank], local(rank) % cluster.nics());
             let mut env = vec![
                 ("BCL_BIND_IP", bind.as_str()),
                 ("BCL_TRANSPORT", "auto"),
@@ -63,8 +77,14 @@ fn suite(sizes: &[usize], algo: &str, expect: &str, extra: &[(&str, &str)], port
         assert_eq!(f.code, Some(0), "{what}");
         assert!(f.stdout.contains(", 0 failed; "), "{what}");
         assert!(f.stdout.contains(&topology), "want '{topology}': {what}");
-        // Each host's one NIC, found from the rank's address in its namespace.
-        let nics: Vec<String> = (0..sizes.len()).map(|h| format!("host {h}: nic")).collect();
+        // Each host's NICs its ranks use, found from each rank's address in its namespace.
+        let nics: Vec<String> = (0..sizes.len())
+            .map(|h| {
+                let used = sizes[h].min(cluster.nics());
+                let names: Vec<String> = (0..used).map(|k| cluster.nic(k)).collect();
+                format!("host {h}: {}", names.join(", "))
+            })
+            .collect();
         let nics = format!("NICs {};", nics.join("; "));
         assert!(f.stdout.contains(&nics), "want '{nics}': {what}");
         assert!(
@@ -100,6 +120,26 @@ fn two_hosts_of_four() {
     let small = [("BCL_SLICE_BYTES", "256")];
     suite(&[4, 4], "hier-ring", "hier-ring", &small, 29633);
     suite(&[4, 4], "auto", "hier-", &[], 29634);
+}
+
+/// 2 hosts × 2 ranks with two NICs per host (one subnet each, both into the switch, each
+/// shaped alone): every rank finds its own NIC, the header lists both per host, the suite
+/// passes with the hierarchy forced, and both rails' NICs carried the traffic between hosts.
+#[test]
+fn two_hosts_of_two_with_a_nic_per_rail() {
+    let _serial = one_at_a_time();
+    let cluster = Cluster::with_nics(2, 2, Some("1gbit"));
+    let before: Vec<u64> = (0..2).map(|k| cluster.tx_bytes(0, k)).collect();
+    suite_on(&cluster, &[2, 2], "hier-ring", "hier-ring", &[], 29646);
+    for (k, before) in before.into_iter().enumerate() {
+        let sent = cluster.tx_bytes(0, k) - before;
+        // The suite's largest cases move hundreds of KiB between hosts per rail.
+        assert!(
+            sent > 256 << 10,
+            "host 0's {} sent {sent} bytes: its rail did not use it",
+            cluster.nic(k)
+        );
+    }
 }
 
 #[test]

@@ -327,8 +327,12 @@ bclResult_t bclScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                        bclDataType_t datatype, int root, bclComm_t comm, bclStream_t stream);
 
 /* bclSend / bclRecv: point to point; the peer calls the other with the same count and type.
- * Outside a group each call completes before it returns; inside bclGroupStart/bclGroupEnd
- * the buffers must stay valid until bclGroupEnd returns. */
+ * With stream NULL: outside a group each call completes before it returns; inside
+ * bclGroupStart/bclGroupEnd the buffers must stay valid until bclGroupEnd returns. On a host
+ * stream the call is queued in order with the stream's other operations and returns at once
+ * (in a group, at bclGroupEnd: its sends queued before its receives); the buffer is the
+ * stream's until it has passed the call. A send completes once BCL holds its bytes, so a
+ * send queued before the matching receive's predecessor cannot deadlock. */
 bclResult_t bclSend(const void* sendbuff, size_t count, bclDataType_t datatype, int peer,
                     bclComm_t comm, bclStream_t stream);
 bclResult_t bclRecv(void* recvbuff, size_t count, bclDataType_t datatype, int peer,

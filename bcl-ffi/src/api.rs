@@ -47,18 +47,6 @@ unsafe fn store<T>(ptr: *mut T, what: &str, value: T) -> Result<(), Error> {
     Ok(())
 }
 
-fn no_stream(stream: BclStream) -> Result<(), Error> {
-    if stream.is_null() {
-        Ok(())
-    } else {
-        Err(invalid(
-            "bclSend/bclRecv take stream NULL on a host-memory (cpu, sim, plugin) communicator: \
-             host streams carry its collectives, not its sends and receives yet"
-                .into(),
-        ))
-    }
-}
-
 fn byte_len(count: usize, dtype: DataType) -> Result<usize, Error> {
     count
         .checked_mul(dtype.size())
@@ -1204,6 +1192,8 @@ struct PendingP2p {
     count: usize,
     datatype: c_int,
     peer: c_int,
+    /// A host stream to queue it on, or 0 (NULL): run before the call returns.
+    stream: usize,
 }
 
 #[derive(Default)]
@@ -1217,12 +1207,26 @@ thread_local! {
 }
 
 /// # Safety
-/// The buffer of `p` is valid for its count (bcl.h: until bclGroupEnd returns).
+/// The buffer of `p` is valid for its count (bcl.h: until bclGroupEnd returns, or on a host
+/// stream until the stream has passed the call).
 unsafe fn p2p(p: PendingP2p) -> Result<(), Error> {
     let dtype = data_type(p.datatype)?;
     let peer = rank_arg(p.peer, "peer")?;
     let comm = registry::get(p.comm)?;
     let len = byte_len(p.count, dtype)?;
+    if p.stream != 0 {
+        // Queued in call order on the host stream, as its collectives are: a send completes
+        // once the transport has the bytes, so sends queued before receives cannot deadlock.
+        let host = host_stream::stream(p.stream)?;
+        let (collective, input, output) = if p.send {
+            let input = present(p.buf, len, "sendbuff")?;
+            (Collective::Send { peer }, Some(input), None)
+        } else {
+            let output = present(p.buf, len, "recvbuff")?;
+            (Collective::Recv { peer }, None, Some(output))
+        };
+        return queue_memory(&comm, &host, collective, p.count, dtype, input, output);
+    }
     if p.send {
         // SAFETY: bcl.h's contract for bclSend.
         let data = unsafe { read_slice(p.buf as *const c_void, len, "sendbuff")? };
@@ -1236,7 +1240,8 @@ unsafe fn p2p(p: PendingP2p) -> Result<(), Error> {
 
 /// # Safety
 /// Inside a group, `p`'s buffer must stay valid until bclGroupEnd returns.
-unsafe fn p2p_or_defer(p: PendingP2p, stream: BclStream) -> Result<(), Error> {
+unsafe fn p2p_or_defer(p: PendingP2p) -> Result<(), Error> {
+    let stream = p.stream as BclStream;
     data_type(p.datatype)?;
     rank_arg(p.peer, "peer")?;
     let comm = registry::get(p.comm)?;
@@ -1247,7 +1252,10 @@ unsafe fn p2p_or_defer(p: PendingP2p, stream: BclStream) -> Result<(), Error> {
             comm.rank()
         )));
     }
-    no_stream(stream)?;
+    if !stream.is_null() {
+        // Refused at the call, not at bclGroupEnd: a stream that is none is the caller's bug.
+        host_stream::stream(stream as usize)?;
+    }
     let deferred = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
@@ -1282,9 +1290,10 @@ pub unsafe extern "C" fn bclSend(
         count,
         datatype,
         peer,
+        stream: stream as usize,
     };
     // SAFETY: bcl.h's contract for bclSend.
-    call("bclSend", || unsafe { p2p_or_defer(p, stream) })
+    call("bclSend", || unsafe { p2p_or_defer(p) })
 }
 
 /// # Safety
@@ -1305,9 +1314,10 @@ pub unsafe extern "C" fn bclRecv(
         count,
         datatype,
         peer,
+        stream: stream as usize,
     };
     // SAFETY: bcl.h's contract for bclRecv.
-    call("bclRecv", || unsafe { p2p_or_defer(p, stream) })
+    call("bclRecv", || unsafe { p2p_or_defer(p) })
 }
 
 #[unsafe(no_mangle)]
@@ -1336,11 +1346,15 @@ pub extern "C" fn bclGroupEnd() -> BclResult {
                 Vec::new()
             })
         })?;
-        let (sends, recvs): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.send);
-        for p in sends.into_iter().chain(recvs) {
-            // SAFETY: recorded by bclSend/bclRecv, whose contract keeps the buffer valid
-            // until this call returns.
-            unsafe { p2p(p)? };
+        // Those on host streams are queued first (returning at once), then the others run.
+        let (queued, now): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.stream != 0);
+        for batch in [queued, now] {
+            let (sends, recvs): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.send);
+            for p in sends.into_iter().chain(recvs) {
+                // SAFETY: recorded by bclSend/bclRecv, whose contract keeps the buffer valid
+                // until this call returns (on a host stream, until the stream passes it).
+                unsafe { p2p(p)? };
+            }
         }
         Ok(())
     })

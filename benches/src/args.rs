@@ -15,6 +15,8 @@ pub enum CollectiveName {
     Alltoall,
     Gather,
     Scatter,
+    /// nccl-tests' sendrecv: every rank sends to the next and receives from the previous.
+    Sendrecv,
 }
 
 /// Benchmark BCL collectives the way nccl-tests benchmarks NCCL.

@@ -27,6 +27,8 @@ pub struct RankBuffers<T: Element> {
     output: Vec<T>,
     device: Option<(Option<DeviceBuffer>, DeviceBuffer)>,
     staged: bool,
+    /// Sendrecv: the rank this one sends its input to before `collective` (its receive).
+    send_to: Option<usize>,
 }
 
 fn host_to_device<T: Element>(comm: &Communicator, host: &[T]) -> Result<DeviceBuffer> {
@@ -82,11 +84,76 @@ impl<T: Element> RankBuffers<T> {
             output,
             device,
             staged: matches!(placement, Placement::DeviceStaged),
+            send_to: None,
         })
+    }
+
+    /// Buffers for nccl-tests' sendrecv: `count` elements sent to `next`, and as many received
+    /// from the previous rank (into the same buffer, in place).
+    pub fn sendrecv(
+        comm: &Communicator,
+        placement: &Placement,
+        next: usize,
+        count: usize,
+        in_place: bool,
+    ) -> Result<Self> {
+        let n = comm.world_size();
+        let prev = (next + 2 * n - 2) % n;
+        let mut bufs = Self::new(
+            comm,
+            placement,
+            Collective::Send { peer: next },
+            count,
+            in_place,
+        )?;
+        if !in_place {
+            bufs.output = vec![T::from_i64(0); count];
+            if let Some((_, output)) = &mut bufs.device {
+                *output = host_to_device(comm, &bufs.output)?;
+            }
+        }
+        bufs.collective = Collective::Recv { peer: prev };
+        bufs.send_to = Some(next);
+        Ok(bufs)
+    }
+
+    /// Sendrecv: the send (from the input, or in place from the one buffer), then the receive;
+    /// a send is done once BCL holds its bytes, so every rank sending first cannot deadlock.
+    fn run_sendrecv(&mut self, comm: &Communicator, next: usize) -> Result<()> {
+        let (send, recv) = (Collective::Send { peer: next }, self.collective);
+        let (count, dtype) = (self.count, T::DATA_TYPE);
+        if let Some((input, output)) = &self.device {
+            let source = input.as_ref().unwrap_or(output);
+            if self.staged {
+                let stream = comm.accelerator().default_stream();
+                comm.submit_staged(send, count, dtype, Some(source), None, &stream)?
+                    .wait()?;
+                return comm
+                    .submit_staged(recv, count, dtype, None, Some(output), &stream)?
+                    .wait();
+            }
+            comm.submit(send, count, dtype, Some(source), None)?
+                .wait()?;
+            return comm.submit(recv, count, dtype, None, Some(output))?.wait();
+        }
+        let Collective::Recv { peer: prev } = recv else {
+            return Err(bcl_core::Error::InvalidArgument(format!(
+                "sendrecv buffers receive, not {recv}"
+            )));
+        };
+        if self.in_place {
+            comm.send(&self.output, next)?;
+        } else {
+            comm.send(&self.input, next)?;
+        }
+        comm.recv(&mut self.output, prev)
     }
 
     /// Run the collective once.
     pub fn run(&mut self, comm: &Communicator) -> Result<()> {
+        if let Some(next) = self.send_to {
+            return self.run_sendrecv(comm, next);
+        }
         let (c, ip) = (self.collective, self.in_place);
         if let Some((input, output)) = &self.device {
             let output = (!matches!(c, Collective::Send { .. })).then_some(output);

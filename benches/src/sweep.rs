@@ -12,8 +12,19 @@ use bcl_core::{
 use std::io::Write;
 use std::time::Instant;
 
-fn collective_of(name: CollectiveName, op: ReduceOp, root: usize) -> Collective {
+/// The collective a row runs on `rank` of `n` (sendrecv: its receive from the previous rank,
+/// which sizes, checks and names the row; the send to the next goes with it).
+fn collective_of(
+    name: CollectiveName,
+    op: ReduceOp,
+    root: usize,
+    rank: usize,
+    n: usize,
+) -> Collective {
     match name {
+        CollectiveName::Sendrecv => Collective::Recv {
+            peer: (rank + n - 1) % n,
+        },
         CollectiveName::Allreduce => Collective::AllReduce { op },
         CollectiveName::Allgather => Collective::AllGather,
         CollectiveName::Reducescatter => Collective::ReduceScatter { op },
@@ -45,7 +56,14 @@ fn measure<T: Element>(
     count: usize,
     in_place: bool,
 ) -> Result<(f64, u64)> {
-    let mut bufs = RankBuffers::<T>::new(comm, placement, c, count, in_place)?;
+    let buffers = || match args.collective {
+        CollectiveName::Sendrecv => {
+            let next = (comm.rank() + 1) % comm.world_size();
+            RankBuffers::<T>::sendrecv(comm, placement, next, count, in_place)
+        }
+        _ => RankBuffers::<T>::new(comm, placement, c, count, in_place),
+    };
+    let mut bufs = buffers()?;
     for _ in 0..args.warmup {
         bufs.run(comm)?;
     }
@@ -58,7 +76,7 @@ fn measure<T: Element>(
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let mut wrong = [0u64];
     if args.check != 0 {
-        let mut fresh = RankBuffers::<T>::new(comm, placement, c, count, in_place)?;
+        let mut fresh = buffers()?;
         fresh.run(comm)?;
         wrong[0] = fresh.wrong(comm)? as u64;
         comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
@@ -87,7 +105,7 @@ fn row(
             | CollectiveName::Gather
             | CollectiveName::Scatter
     );
-    let c = collective_of(args.collective, op, args.root);
+    let c = collective_of(args.collective, op, args.root, comm.rank(), n);
     let count = count_for(c, bytes, dtype.size(), n);
     let mut pair = Vec::new();
     for in_place in [false, true] {
@@ -124,7 +142,11 @@ fn row(
             algbw_gbs: algbw,
             busbw_gbs: algbw * table::busbw_factor(c, n),
             wrong,
-            algorithm: comm.algorithm_for(c, count * dtype.size()).name().into(),
+            algorithm: match args.collective {
+                // Point to point: no collective algorithm runs.
+                CollectiveName::Sendrecv => "p2p".into(),
+                _ => comm.algorithm_for(c, count * dtype.size()).name().into(),
+            },
         });
     }
     Ok(pair)
@@ -135,6 +157,13 @@ fn row(
 /// middle row and the others repair the communicator and go on (see `recover`).
 pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurement>> {
     let invalid = |e: String| bcl_core::Error::InvalidArgument(e);
+    if args.collective == CollectiveName::Sendrecv && comm.world_size() < 2 {
+        return Err(invalid(
+            "sendrecv needs 2 ranks or more: each sends to the next and receives from the \
+             previous, and a BCL rank does not send to itself"
+                .into(),
+        ));
+    }
     let dtypes = args.dtypes().map_err(invalid)?;
     let ops = args.ops().map_err(invalid)?;
     let placement = match comm.accelerator().info().vendor {

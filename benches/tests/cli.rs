@@ -119,6 +119,7 @@ fn every_collective_dtype_and_op_in_threads_is_right() {
         "alltoall",
         "gather",
         "scatter",
+        "sendrecv",
     ] {
         let (code, out, err) = run(&[
             collective,
@@ -436,4 +437,37 @@ fn recover_kills_a_rank_mid_sweep_and_the_survivors_finish_it() {
         .collect();
     assert_eq!(nranks, [4, 4, 4, 4, 3, 3, 3, 3, 3, 3], "{text}");
     let _ = std::fs::remove_file(&json);
+}
+
+/// nccl-tests' sendrecv on a ring of cpu and sim ranks (the device path: the sim ranks send
+/// from and receive into device buffers), out of place and in place: every element checked,
+/// the bus bandwidth equal to the algorithm bandwidth as nccl-tests reports it.
+#[test]
+fn sendrecv_on_cpu_and_sim_ranks_is_checked_and_reports_busbw_as_algbw() {
+    let (code, out, err) = run(&[
+        "sendrecv",
+        "--threads",
+        "--nranks",
+        "3",
+        "--devices",
+        "cpu,sim",
+        "-b",
+        "1K",
+        "-e",
+        "256K",
+        "-f",
+        "16",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 3, "{out}");
+    for r in &rows {
+        assert!(r[8] == "0" && r[12] == "0", "wrong elements: {out}");
+        assert_eq!(r[6], r[7], "busbw is algbw for sendrecv: {out}");
+        assert_eq!(r[10], r[11], "busbw is algbw for sendrecv: {out}");
+    }
 }

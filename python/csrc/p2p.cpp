@@ -1,7 +1,9 @@
-// Point to point in the "bcl" backend. Sends run at once on the caller's thread (BCL's sends
-// never wait for the receiver); receives run when their Work is waited on (DeferredRecv);
-// between startCoalescing and endCoalescing (batch_isend_irecv) both are one BCL group, run
-// together at its end, so exchanges in any order cannot deadlock.
+// Point to point in the "bcl" backend. Sends go on the group's host stream like its
+// collectives (isend returns at once, behind the work queued before it; BCL's sends never
+// wait for the receiver); receives run when their Work is waited on (DeferredRecv): on the
+// one in-order stream, a receive queued before the send its peer waits for would deadlock
+// both. Between startCoalescing and endCoalescing (batch_isend_irecv) both are one BCL group,
+// run together at its end, so exchanges in any order cannot deadlock.
 #include <c10/util/Exception.h>
 
 #include "process_group.hpp"
@@ -100,15 +102,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::endCoalescing() {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& tensors, int dst,
                                                      int) {
-  if (!coalescing_) drain();
+  const std::string what = "send to rank " + std::to_string(dst);
+  if (coalescing_) {
+    for (const auto& t : tensors) {
+      host_only(t);
+      at::Tensor c = t.contiguous();
+      coalesced_keep_.push_back(c);  // sent at the group's end
+      check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr), what);
+    }
+    return done(c10d::OpType::SEND, tensors);
+  }
+  Step step;
+  bclComm_t comm = comm_;
   for (const auto& t : tensors) {
     host_only(t);
+    bclDataType_t dt = dtype_of(t);
     at::Tensor c = t.contiguous();
-    if (coalescing_) coalesced_keep_.push_back(c);  // sent at the group's end
-    check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr),
-          "send to rank " + std::to_string(dst));
+    step.keep.push_back(c);
+    step.bytes += bytes_of(c);
+    step.launches.push_back([c, dt, dst, comm](bclStream_t s) {
+      return bclSend(ptr(c), count(c), dt, dst, comm, s);
+    });
   }
-  return done(c10d::OpType::SEND, tensors);
+  return run(c10d::OpType::SEND, what, std::move(step), tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& tensors, int src,

@@ -241,7 +241,7 @@ class ProcessGroupBCL : public c10d::Backend {
   void start();  // the host stream and completer of a new communicator
   // A work that completed before it was returned.
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> result);
-  void drain();  // wait for everything queued (before a blocking send or receive)
+  void drain();  // wait for everything queued (before a batch of sends and receives)
   c10::intrusive_ptr<c10d::Work> alltoallv(at::Tensor in, std::vector<size_t> in_counts,
                                            at::Tensor out, std::vector<size_t> out_counts,
                                            std::vector<at::Tensor> keep,

@@ -6,6 +6,7 @@ inputs), the coalesced forms, contiguous and non-contiguous tensors, sync and as
 order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -298,6 +299,24 @@ if n > 1 and rank < 2:
         failures.append("an irecv's future did not complete when a later receive ran")
     same("an irecv waited through its future", fut.wait()[0], torch.full((3,), 30.0 + peer))
     same("the receive after it", b, torch.full((3,), 40.0 + peer))
+# isend returns at once, queued behind the collective before it: rank 1 joins the all_reduce
+# a second late, so that all_reduce cannot have completed when rank 0's isend returns.
+if n > 1:
+    big = torch.ones(1 << 20)
+    if rank == 1:
+        time.sleep(1.0)
+    w = dist.all_reduce(big, async_op=True)
+    if rank == 0:
+        s = dist.isend(torch.full((1 << 20,), 5.0), dst=1)
+        if w.is_completed():
+            failures.append("isend waited for the all_reduce queued before it")
+        s.wait()
+    elif rank == 1:
+        got = torch.zeros(1 << 20)
+        dist.recv(got, src=0)
+        same("isend behind a queued all_reduce", got, torch.full((1 << 20,), 5.0))
+    w.wait()
+    same("the all_reduce an isend followed", big, torch.full((1 << 20,), float(n)))
 # batch_isend_irecv: a ring exchange of 16 MiB each way (a BCL group: no order deadlocks).
 for numel in (10, 1 << 22):
     out = torch.full((numel,), float(rank))

@@ -67,6 +67,41 @@ int main(void) {
          x[COUNT - 1]);
   CHECK(bclStreamSynchronize(s));
 
+  /* Point to point on the stream: a ring exchange in a group (receive written first), then
+   * outside one; each returns at once and the stream runs it in order. */
+  enum { P2P = 1000 };
+  int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  int* out = malloc(sizeof(int) * P2P);
+  int* in = malloc(sizeof(int) * P2P);
+  int* in2 = malloc(sizeof(int) * P2P);
+  for (int i = 0; i < P2P; i++) {
+    out[i] = rank * P2P + i;
+    in[i] = in2[i] = -1;
+  }
+  if (rank == 0) sleep_ms(300);
+  CHECK(bclGroupStart());
+  CHECK(bclRecv(in, P2P, bclInt32, prev, comm, s));
+  CHECK(bclSend(out, P2P, bclInt32, next, comm, s));
+  CHECK(bclGroupEnd());
+  CHECK(bclSend(out, P2P, bclInt32, prev, comm, s));
+  CHECK(bclRecv(in2, P2P, bclInt32, next, comm, s));
+  CHECK(bclEventRecord(all, s));
+  if (rank == 1) {
+    /* Rank 0, this rank's prev, is still asleep and has sent nothing: the receive into `in`
+     * cannot have finished, yet every call above has returned. */
+    bclResult_t q = bclEventQuery(all);
+    EXPECT(q == bclInProgress, "rank %d: p2p on the stream while rank 0 sleeps = %d\n", rank, q);
+  }
+  CHECK(bclStreamSynchronize(s));
+  for (int i = 0; i < P2P; i++) {
+    EXPECT(in[i] == prev * P2P + i, "rank %d: in[%d] = %d from rank %d\n", rank, i, in[i], prev);
+    EXPECT(in2[i] == next * P2P + i, "rank %d: in2[%d] = %d from rank %d\n", rank, i, in2[i],
+           next);
+  }
+  free(out);
+  free(in);
+  free(in2);
+
   /* Bad use: checked at the call, nothing queued. */
   EXPECT(bclAllReduce(x, NULL, COUNT, bclFloat32, bclSum, comm, s) == bclInvalidArgument,
          "NULL recvbuff on a stream\n");
@@ -75,8 +110,9 @@ int main(void) {
          "a made-up stream\n");
   EXPECT(strstr(bclGetLastError(NULL), "not a host stream") != NULL, "%s\n",
          bclGetLastError(NULL));
-  EXPECT(bclSend(x, 1, bclFloat32, (rank + 1) % n, comm, s) == bclInvalidArgument,
-         "send on a host stream\n");
+  EXPECT(bclSend(x, 1, bclFloat32, (rank + 1) % n, comm, (bclStream_t)0x1234) ==
+             bclInvalidArgument,
+         "send on a made-up stream\n");
   EXPECT(bclEventRecord(all, NULL) == bclInvalidArgument, "record on NULL\n");
   EXPECT(bclStreamCreate(NULL) == bclInvalidArgument, "NULL out-parameter\n");
   CHECK(bclStreamSynchronize(s));

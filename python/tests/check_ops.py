@@ -300,16 +300,22 @@ if n > 1 and rank < 2:
     same("an irecv waited through its future", fut.wait()[0], torch.full((3,), 30.0 + peer))
     same("the receive after it", b, torch.full((3,), 40.0 + peer))
 # isend returns at once, queued behind the collective before it: rank 1 joins the all_reduce
-# a second late, so that all_reduce cannot have completed when rank 0's isend returns.
+# only once rank 0's isend after it has returned (told through torch's store), or after 10 s
+# (an isend that waited for the all_reduce would be waiting for rank 1: the check fails, and
+# rank 1 then joins, so nothing hangs).
 if n > 1:
+    store = dist.distributed_c10d._get_default_store()
     big = torch.ones(1 << 20)
     if rank == 1:
-        time.sleep(1.0)
+        deadline = time.time() + 10
+        while not store.check(["isend-returned"]) and time.time() < deadline:
+            time.sleep(0.01)
+        if not store.check(["isend-returned"]):
+            failures.append("rank 0's isend waited for the all_reduce queued before it")
     w = dist.all_reduce(big, async_op=True)
     if rank == 0:
         s = dist.isend(torch.full((1 << 20,), 5.0), dst=1)
-        if w.is_completed():
-            failures.append("isend waited for the all_reduce queued before it")
+        store.set("isend-returned", "1")
         s.wait()
     elif rank == 1:
         got = torch.zeros(1 << 20)

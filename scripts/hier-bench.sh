@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hierarchical against flat allreduce on namespace "hosts": HOSTS namespaces of PER_HOST
-# ranks, each host's one NIC (a veth into a bridge in a switch namespace) shaped to RATE
+# ranks, each host's NICS NICs (veths into a bridge in a switch namespace) shaped to RATE
 # with `tc tbf`; ranks of a host talk over shared memory, hosts over TCP. Every algorithm
 # runs once per round, rounds interleaved (the VM's fast and slow states fall on all of
 # them alike); the summary gives medians per algorithm and size, and what auto picked.
@@ -10,7 +10,10 @@
 #   ITERS=200 WARMUP=20 scripts/hier-bench.sh 8 2 5 "ring rd hier-ring hier-rd auto" "-b 8 -e 8"
 #   COLL=allgather scripts/hier-bench.sh 2 4 2 "ring hier-ring auto" "-b 16M -e 64M -f 2"
 #   scripts/hier-bench.sh 2 4 5 "hier-ring hier-ring+BCL_SLICE_BYTES=131072" "-b 16M -e 16M"
-# (an algorithm followed by +VAR=VALUE settings for its ranks)
+#   NICS=2 scripts/hier-bench.sh 2 2 5 "hier-ring hier-ring+NIC=0" "-b 16M -e 16M" 1gbit
+# (an algorithm followed by +VAR=VALUE settings for its ranks). NICS (default 1): NICs per
+# host, each shaped to RATE; a host's rank l binds to NIC l % NICS (a NIC per rail), or every
+# rank to NIC k with the pseudo-setting +NIC=k (the rails sharing one NIC of the same hosts).
 #
 # Needs root, iproute2 and sch_tbf. OUT (default /tmp/hier-bench) receives each run's JSON,
 # the medians (one JSON per algorithm, for `bcl-bench plot`) and summary.md.
@@ -32,20 +35,23 @@ mkdir -p "$out"
 rm -f "$out"/*.json "$out"/summary.md
 
 . scripts/lib/netns-hosts.sh
-hosts_up "$hosts" "$rate"
+nics=${NICS:-1}
+hosts_up "$hosts" "$rate" "$nics"
 
 world=$((hosts * per))
 port=29700
 run() { # label round; a label is an algorithm, then any +VAR=VALUE for its ranks
-    local algo=$1 round=$2 pids=() r h name vars
+    local algo=$1 round=$2 pids=() r h name vars pin nic
     name=${algo%%+*}
-    vars=$(echo "${algo#"$name"}" | tr '+' ' ')
+    vars=$(echo "${algo#"$name"}" | tr '+' '\n' | grep -v '^NIC=' | tr '\n' ' ' || true)
+    pin=$(echo "${algo#"$name"}" | tr '+' '\n' | sed -n 's/^NIC=//p')
     port=$((port + 1))
     for r in $(seq 0 $((world - 1))); do
         h=$((r / per))
+        nic=${pin:-$(((r % per) % nics))}
         # shellcheck disable=SC2086
         on_host "$h" env $vars BCL_RANK="$r" BCL_WORLD_SIZE="$world" \
-            BCL_ROOT="$(host_addr 0):$port" BCL_BIND_IP="$(host_addr "$h")" BCL_TRANSPORT=auto \
+            BCL_ROOT="$(host_addr 0):$port" BCL_BIND_IP="$(host_addr "$h" "$nic")" BCL_TRANSPORT=auto \
             timeout 600 "$bench" "$coll" $sizes -n "$iters" -w "$warmup" --algo "$name" \
             --json "$out/$algo-r$round.json" >"$out/$algo-r$round.rank$r.txt" 2>&1 &
         pids+=($!)
@@ -56,7 +62,7 @@ run() { # label round; a label is an algorithm, then any +VAR=VALUE for its rank
     grep -E '^ +[0-9]+ ' "$out/$algo-r$round.rank0.txt" | sed "s/^/$algo r$round /"
 }
 
-echo "# $coll, $hosts hosts x $per ranks, NICs at $rate, $rounds rounds of: $algos ($sizes, $iters iters)"
+echo "# $coll, $hosts hosts x $per ranks, $nics NIC(s) per host at $rate, $rounds rounds of: $algos ($sizes, $iters iters)"
 for round in $(seq 1 "$rounds"); do
     for algo in $algos; do run "$algo" "$round"; done
 done
@@ -73,7 +79,7 @@ for algo in algos:
                 continue
             rows.setdefault((algo, r["size_bytes"]), []).append((r["time_us"], r["busbw_gbs"], r.get("algorithm", "?"), r["wrong"]))
 sizes = sorted({s for (_, s) in rows})
-lines = [f"{coll}, {hosts} hosts x {per} ranks, each host's NIC at {rate} (tc tbf), out of place, medians of "
+lines = [f"{coll}, {hosts} hosts x {per} ranks, each host's NIC(s) at {rate} (tc tbf), out of place, medians of "
          f"{len(glob.glob(f'{out}/{algos[0]}-r*.json'))} interleaved rounds",
          "", "| size | " + " | ".join(f"{a} µs | {a} busbw GB/s" for a in algos) + " | auto ran |",
          "|---|" + "---|---|" * len(algos) + "---|"]

@@ -7,7 +7,7 @@
 //! are in flight: a newcomer beyond that shuts down the oldest one still waiting. A member of
 //! the job finishes its handshake in a round trip, so only a stranger that has said nothing
 //! for longer than `limit` newer arrivals is cut: the flood evicts itself and the ranks get
-//! in (NCCL's and Gloo's listeners have no such bound; a SYN flood is the kernel's business).
+//! in (a SYN flood, below accept, stays the kernel's business).
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;

@@ -81,7 +81,7 @@ pub(crate) fn dial(
         source,
     };
     let mut attempt = 1;
-    let (stream, answer) = loop {
+    let mut stream = loop {
         let mut stream = match TcpStream::connect_timeout(
             &addr,
             remaining(deadline).min(Duration::from_secs(2)),
@@ -100,23 +100,11 @@ pub(crate) fn dial(
         stream
             .set_write_timeout(limit)
             .map_err(|e| io("configure", e))?;
-        let mut intro = [0u8; 12];
-        intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
-        intro[4..8].copy_from_slice(&(peer as u32).to_le_bytes());
-        intro[8..].copy_from_slice(&(index as u32).to_le_bytes());
-        let mut ok = [0u8; 2];
-        let outcome = exchange::client(&mut stream, secret, context)
-            .map_err(|e| (e, false))
-            .and_then(|()| {
-                stream
-                    .write_all(&intro)
-                    .and_then(|()| stream.read_exact(&mut ok))
-                    .map_err(|e| (e, true))
-            });
-        match outcome {
-            Ok(()) => break (stream, ok),
-            // Cut by the peer's bound on handshakes in flight (a flood): again.
-            Err((e, _))
+        match exchange::client(&mut stream, secret, context) {
+            Ok(()) => break stream,
+            // Cut by the peer's bound on handshakes in flight (a flood): again. Only before
+            // the peer's acceptance: a proven member is no longer counted there.
+            Err(e)
                 if admission::was_cut(&e)
                     && attempt < admission::ATTEMPTS
                     && Instant::now() < deadline =>
@@ -124,8 +112,7 @@ pub(crate) fn dial(
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err((e, true)) => return Err(io("introduce", e)),
-            Err((e, false)) => {
+            Err(e) => {
                 return Err(TransportError::Handshake {
                     addr: format!("rank {peer} ({addr})"),
                     reason: e.to_string(),
@@ -133,7 +120,14 @@ pub(crate) fn dial(
             }
         }
     };
-    if &answer != b"OK" {
+    let mut intro = [0u8; 12];
+    intro[..4].copy_from_slice(&(local_rank as u32).to_le_bytes());
+    intro[4..8].copy_from_slice(&(peer as u32).to_le_bytes());
+    intro[8..].copy_from_slice(&(index as u32).to_le_bytes());
+    stream.write_all(&intro).map_err(|e| io("introduce", e))?;
+    let mut ok = [0u8; 2];
+    stream.read_exact(&mut ok).map_err(|e| io("introduce", e))?;
+    if &ok != b"OK" {
         return Err(TransportError::Handshake {
             addr: format!("rank {peer} ({addr})"),
             reason: "peer refused our introduction".into(),

@@ -157,7 +157,7 @@ pub(crate) fn diagnose(inner: &Arc<Inner>, peer: usize, symptom: Symptom) -> Dia
     let (tx, rx) = crossbeam::channel::bounded(1);
     if let Some(witness) = witness_for(inner, peer) {
         let inner2 = inner.clone();
-        super::service::spawn_helper(inner, "probe", move || {
+        super::helpers::spawn_helper(inner, "probe", move || {
             let _ = tx.send((witness, probe_via(&inner2, witness, peer)));
         });
     } else {

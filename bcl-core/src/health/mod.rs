@@ -21,7 +21,9 @@
 //! The verdict poisons the communicator, fails every pending operation at its next poll, is
 //! logged in one line, and the flight recorder is dumped to `BCL_DUMP_DIR`.
 
+mod acceptor;
 mod diagnose;
+mod helpers;
 mod membership;
 pub(crate) use membership::{Liveness, Sent};
 mod recorder;
@@ -53,6 +55,9 @@ pub(crate) struct Health {
     inner: Arc<Inner>,
     address: Option<SocketAddr>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The accept thread, and the socket that wakes it for shutdown.
+    acceptor: Mutex<Option<(JoinHandle<()>, UnixDatagram)>>,
+    spawner: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Health {
@@ -93,6 +98,7 @@ impl Health {
             }),
             stop: AtomicBool::new(false),
             helpers: AtomicUsize::new(0),
+            spawn: Mutex::new(None),
             created: Instant::now(),
             config,
         });
@@ -101,20 +107,36 @@ impl Health {
                 inner,
                 address: None,
                 thread: Mutex::new(None),
+                acceptor: Mutex::new(None),
+                spawner: Mutex::new(None),
             });
         }
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
         listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
+        let (accept_waker, accept_woken) = UnixDatagram::pair()?;
+        accept_waker.set_nonblocking(true)?;
+        accept_woken.set_nonblocking(true)?;
+        let (spawn, spawner) = helpers::spawner(rank)?;
+        *inner.spawn.lock() = Some(spawn);
+        let health = Health {
+            inner: inner.clone(),
+            address: Some(address),
+            thread: Mutex::new(None),
+            acceptor: Mutex::new(None),
+            spawner: Mutex::new(Some(spawner)),
+        };
+        // From here a failure to start a thread stops those already started (`Drop`).
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("bcl-health-{rank}"))
-            .spawn(move || service::run(worker, listener, woken))?;
-        Ok(Health {
-            inner,
-            address: Some(address),
-            thread: Mutex::new(Some(thread)),
-        })
+            .spawn(move || service::run(worker, woken))?;
+        *health.thread.lock() = Some(thread);
+        let acceptor = std::thread::Builder::new()
+            .name(format!("bcl-health-accept-{rank}"))
+            .spawn(move || acceptor::run(inner, listener, accept_woken))?;
+        *health.acceptor.lock() = Some((acceptor, accept_waker));
+        Ok(health)
     }
 
     /// The rank this health layer watches for.
@@ -231,7 +253,7 @@ impl Health {
             return;
         }
         let inner = self.inner.clone();
-        service::spawn_helper(&self.inner, "stall", move || {
+        helpers::spawn_helper(&self.inner, "stall", move || {
             for peer in peers {
                 if inner.faulted.load(Ordering::Acquire) {
                     return;
@@ -331,10 +353,19 @@ impl Health {
         helpers_done();
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake();
+        if let Some((t, waker)) = self.acceptor.lock().take() {
+            let _ = waker.send(&[1]);
+            let _ = t.join();
+        }
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
         helpers_done();
+        // Helpers asked for from now on start where they are asked for.
+        self.inner.spawn.lock().take();
+        if let Some(t) = self.spawner.lock().take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -1,47 +1,23 @@
-//! The health thread: accepts connections, keeps the neighbour links (heartbeats both ways,
-//! silence and loss detection), floods verdicts along the ring. Slow work (handshakes,
-//! probes, diagnoses, deliveries) runs on short-lived helper threads, each bounded by the
-//! probe timeout, so the heartbeats never wait.
+//! The health thread: keeps the neighbour links (heartbeats both ways, silence and loss
+//! detection), floods verdicts along the ring; and what helpers do with the connections the
+//! accept thread (`acceptor.rs`) takes. Slow work (handshakes, probes, diagnoses, deliveries,
+//! slow-node windows) runs on helper threads (`helpers.rs`), so the heartbeats never wait.
 
 use super::Inner;
 use super::diagnose::{self, Diagnosis, Symptom};
+use super::helpers::spawn_helper;
 use super::verdict::Verdict;
 use super::wire::{self, FrameReader, Message, Purpose};
-use bcl_transport::admission::{Admission, Ticket};
+use bcl_transport::admission::Ticket;
 use bcl_transport::auth::exchange;
 use bcl_transport::tcp::wait_readable;
 use std::io::{self, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Run `work` on a helper thread counted in `inner.helpers` (shutdown waits for them).
-pub(super) fn spawn_helper(inner: &Arc<Inner>, what: &str, work: impl FnOnce() + Send + 'static) {
-    struct Count(Arc<Inner>);
-    impl Drop for Count {
-        fn drop(&mut self) {
-            self.0.helpers.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-    inner.helpers.fetch_add(1, Ordering::AcqRel);
-    let count = Count(inner.clone());
-    let spawned = std::thread::Builder::new()
-        .name(format!("bcl-health-{what}"))
-        .spawn(move || {
-            let _count = count;
-            work();
-        });
-    if let Err(e) = spawned {
-        // The closure (and its count) was dropped with the error.
-        tracing::warn!(
-            rank = inner.rank,
-            "cannot start a health helper thread: {e}"
-        );
-    }
-}
 
 /// One neighbour connection.
 struct Link {
@@ -82,17 +58,14 @@ impl Link {
 /// The health thread's loop, until shutdown: take new connections and links, flood
 /// verdicts, send heartbeats and read every link, close the slow-node window, then sleep
 /// until something is due.
-pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram) {
+pub(super) fn run(inner: Arc<Inner>, woken: UnixDatagram) {
     let mut links: Vec<Link> = Vec::new();
     let mut next_window = Instant::now() + inner.config.window;
-    // Every peer may probe or deliver to this rank at once during a diagnosis.
-    let admission = Admission::new(2 * inner.peers().len() + STRANGERS_IN_FLIGHT);
     loop {
         if inner.stop.load(Ordering::Acquire) {
             say_goodbye(&inner, links);
             return;
         }
-        accept(&inner, &listener, &admission);
         adopt_new_links(&inner, &mut links);
         let flood: Vec<(Verdict, Option<usize>)> = std::mem::take(&mut *inner.to_flood.lock());
         for (verdict, from) in &flood {
@@ -113,34 +86,7 @@ pub(super) fn run(inner: Arc<Inner>, listener: TcpListener, woken: UnixDatagram)
                 suspect(&inner, link.peer, Symptom::ConnectionLost(reason));
             }
         }
-        sleep(&inner, &links, &listener, &woken, next_window);
-    }
-}
-
-/// Handshakes of strangers (beyond two per peer) in flight at once on the health port.
-const STRANGERS_IN_FLIGHT: usize = 32;
-/// Connections taken per round of the loop: a flood waits on the listener's queue instead of
-/// delaying the heartbeats (the loop comes straight back while the listener is readable).
-const ACCEPTS_PER_ROUND: usize = 16;
-
-/// Hand the connections waiting on the listener (at most [`ACCEPTS_PER_ROUND`]) to helpers
-/// that authenticate them, within `admission`'s bound on handshakes in flight.
-fn accept(inner: &Arc<Inner>, listener: &TcpListener, admission: &Arc<Admission>) {
-    for _ in 0..ACCEPTS_PER_ROUND {
-        match listener.accept() {
-            Ok((stream, from)) => {
-                let inner2 = inner.clone();
-                let ticket = admission.enter(&stream);
-                spawn_helper(inner, "accept", move || {
-                    handshake(&inner2, stream, from, ticket);
-                });
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-            Err(e) => {
-                tracing::debug!(rank = inner.rank, "health accept failed: {e}");
-                return;
-            }
-        }
+        sleep(&inner, &links, &woken, next_window);
     }
 }
 
@@ -201,15 +147,9 @@ fn service_links(inner: &Arc<Inner>, links: &mut [Link]) -> Vec<(usize, String)>
     closed
 }
 
-/// Sleep until a connection, a message, a wake-up, or the next heartbeat, silence deadline or
+/// Sleep until a message, a wake-up, or the next heartbeat, silence deadline or
 /// window: an idle rank's health thread wakes a few times per heartbeat at most.
-fn sleep(
-    inner: &Inner,
-    links: &[Link],
-    listener: &TcpListener,
-    woken: &UnixDatagram,
-    next_window: Instant,
-) {
+fn sleep(inner: &Inner, links: &[Link], woken: &UnixDatagram, next_window: Instant) {
     let (now, heartbeat) = (Instant::now(), inner.config.heartbeat);
     let next = links
         .iter()
@@ -226,7 +166,7 @@ fn sleep(
     if links.iter().any(|l| !l.unsent.is_empty()) {
         timeout = timeout.min(Duration::from_millis(5));
     }
-    let mut sources = vec![listener.as_fd(), woken.as_fd()];
+    let mut sources = vec![woken.as_fd()];
     sources.extend(links.iter().map(|l| l.stream.as_fd()));
     if let Err(e) = wait_readable(&sources, timeout) {
         tracing::debug!(rank = inner.rank, "health poll failed: {e}");
@@ -308,7 +248,7 @@ fn suspect(inner: &Arc<Inner>, peer: usize, symptom: Symptom) {
 }
 
 /// Serve one accepted connection: authenticate, then do what its hello asks.
-fn handshake(
+pub(super) fn handshake(
     inner: &Arc<Inner>,
     mut stream: TcpStream,
     from: std::net::SocketAddr,

@@ -60,12 +60,23 @@ pub(crate) struct Inner {
     pub(super) summary: Mutex<slow::Summary>,
     /// Shrink proposals and addresses from other ranks.
     pub(super) post: super::membership::Post,
+    /// The channel to the thread that starts helpers (`None` once shut down, or when off).
+    pub(super) spawn: Mutex<Option<super::helpers::Spawn>>,
 }
 
 impl Inner {
     /// Close the current slow-node window: rank 0 evaluates it with what the others sent;
-    /// the others send theirs to rank 0 (on a helper) and keep the summary it answers.
+    /// the others send theirs to rank 0 and keep the summary it answers. On a helper: the
+    /// window and the detector are locked by the data path and by the reports arriving, and
+    /// a thread that holds one can be preempted for seconds on a crowded machine (measured:
+    /// rank 0's health thread waited 3-6 s for the detector among 64 ranks on 2 cores, and
+    /// its neighbours, hearing nothing, named it unresponsive).
     pub(super) fn close_window(self: &Arc<Self>) {
+        let inner = self.clone();
+        super::helpers::spawn_helper(self, "window", move || inner.close_window_now());
+    }
+
+    fn close_window_now(&self) {
         let window = {
             let mut w = self.window.lock();
             std::mem::replace(&mut *w, slow::Window::new(self.rank as u32))
@@ -83,27 +94,24 @@ impl Inner {
         let Some(addr) = self.health_address(0) else {
             return;
         };
-        let inner = self.clone();
-        service::spawn_helper(self, "report", move || {
-            let exchange = wire::dial(
-                addr,
-                &inner.secret,
-                inner.rank,
-                wire::Purpose::Report,
-                inner.probe_timeout,
-            )
-            .and_then(|mut s| {
-                wire::send(&mut s, &wire::Message::Window(window))?;
-                wire::receive(&mut s)
-            });
-            match exchange {
-                Ok(wire::Message::Summary(summary)) => *inner.summary.lock() = summary,
-                Ok(other) => {
-                    tracing::debug!(rank = inner.rank, "rank 0 answered a report with {other:?}")
-                }
-                Err(e) => tracing::debug!(rank = inner.rank, "cannot report to rank 0: {e}"),
-            }
+        let exchange = wire::dial(
+            addr,
+            &self.secret,
+            self.rank,
+            wire::Purpose::Report,
+            self.probe_timeout,
+        )
+        .and_then(|mut s| {
+            wire::send(&mut s, &wire::Message::Window(window))?;
+            wire::receive(&mut s)
         });
+        match exchange {
+            Ok(wire::Message::Summary(summary)) => *self.summary.lock() = summary,
+            Ok(other) => {
+                tracing::debug!(rank = self.rank, "rank 0 answered a report with {other:?}")
+            }
+            Err(e) => tracing::debug!(rank = self.rank, "cannot report to rank 0: {e}"),
+        }
     }
 
     /// A window from another rank (rank 0 only); returns the current summary.
@@ -178,7 +186,7 @@ impl Inner {
         if from.is_none() && self.config.enabled {
             let inner = self.clone();
             let v = verdict.clone();
-            service::spawn_helper(self, "deliver", move || service::deliver(&inner, &v));
+            super::helpers::spawn_helper(self, "deliver", move || service::deliver(&inner, &v));
         }
         if let Some(dir) = &self.config.dump_dir {
             let me = self.peers().get(self.rank);

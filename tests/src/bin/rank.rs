@@ -23,6 +23,12 @@
 //!   and exits 9. Last, on every path, the communicator destroyed: `left fds=F threads=T
 //!   listening=P`, what the process holds beyond what it held before init.
 //!
+//! * `scale`: many ranks on one machine. Prints `scale init_ms=I rss_kib=R` on stderr (the
+//!   time `init_from_env` took, and the resident memory after it), then a barrier and a
+//!   1 MiB fp32 allreduce checked element by element (exit 9 on a wrong value), `ready`, and
+//!   1 MiB allreduces until `BCL_TEST_SECONDS` (default 120) pass or one fails; after a
+//!   failure the communicator is kept `BCL_TEST_LINGER_MS` (default 0) before the exit.
+//!
 //! * `shm-orphan`: no communicator: a shm endpoint sets up its ring for a peer that never comes,
 //!   prints `ready` once the ring exists, and waits (to be killed).
 //!
@@ -68,6 +74,7 @@ fn main() -> ExitCode {
         return shm_orphan();
     }
     let baseline = Held::mine();
+    let init_started = Instant::now();
     let comm = match Communicator::init_from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -81,6 +88,13 @@ fn main() -> ExitCode {
         "sleepy" => sleepy(&comm),
         "desync" => desync(&comm),
         "watch" => watch(&comm),
+        "scale" => {
+            let outcome = scale(&comm, init_started.elapsed());
+            if outcome.is_err() {
+                std::thread::sleep(Duration::from_millis(var("BCL_TEST_LINGER_MS", 0)));
+            }
+            outcome
+        }
         "soak" => {
             let outcome = soak(&comm);
             // What the communicator left once destroyed, on every path (fault or not).
@@ -93,7 +107,7 @@ fn main() -> ExitCode {
         }
         other => {
             eprintln!(
-                "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, soak, shm-orphan)"
+                "unknown BCL_TEST_SCENARIO '{other}' (suite, loop, sleepy, desync, watch, soak, scale, shm-orphan)"
             );
             return ExitCode::from(2);
         }
@@ -271,6 +285,38 @@ fn watch(comm: &Communicator) -> Result<(), ExitCode> {
             serde_json::json!({"slow": h["slow"], "ring": h["ring"]})
         );
     }
+    Ok(())
+}
+
+fn scale(comm: &Communicator, init: Duration) -> Result<(), ExitCode> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let rss_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    eprintln!("scale init_ms={} rss_kib={rss_kib}", init.as_millis());
+    checked(rank, || comm.barrier())?;
+    // Element j of rank r is r + 1 + j % 7: every sum is an integer below 2^24, exact in fp32.
+    let mut x: Vec<f32> = (0..(1usize << 18))
+        .map(|j| (rank + 1 + j % 7) as f32)
+        .collect();
+    checked(rank, || comm.all_reduce_in_place(&mut x, ReduceOp::Sum))?;
+    let base = (n * (n + 1) / 2) as f32;
+    if let Some(j) = (0..x.len()).find(|&j| x[j] != base + (n * (j % 7)) as f32) {
+        eprintln!("rank {rank} WRONG 1 MiB allreduce element {j} is {}", x[j]);
+        return Err(ExitCode::from(9));
+    }
+    ready();
+    let seconds: f64 = var("BCL_TEST_SECONDS", 120.0);
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        checked(rank, || comm.all_reduce_in_place(&mut x, ReduceOp::Max))?;
+    }
+    println!("done");
     Ok(())
 }
 

@@ -23,7 +23,6 @@ case "$mode" in
   "" | --bench | --bench-only) ;;
   *) echo "usage: scripts/rdma-vm-test.sh [--bench | --bench-only]" >&2; exit 2 ;;
 esac
-bench_only=$mode
 
 bash scripts/rdma-vm.sh install
 
@@ -46,7 +45,7 @@ done
 mkdir -p target/rdma-vm
 cp target/release/bcl-bench target/rdma-vm/bcl-bench
 
-if [ "$bench_only" != "--bench-only" ]; then
+if [ "$mode" != "--bench-only" ]; then
   echo "== rdma, on this machine (no device): unavailable path, auto without rdma"
   "$transport_tests" rdma::
   "$comm_tests"
@@ -86,7 +85,7 @@ two_hosts() {
   ip netns exec bcl_hb env \$common BCL_RANK=1 BCL_BIND_IP=10.252.0.2 \$bench \$args > \$out.rank1 2>&1
   wait
 }
-if [ "$bench_only" != "--bench-only" ]; then
+if [ "$mode" != "--bench-only" ]; then
   stage "rdma transport tests"
   $transport_tests --include-ignored rdma:: --test-threads 1
   stage "communicator over rdma"
@@ -118,7 +117,7 @@ if [ "$bench_only" != "--bench-only" ]; then
     { cat \$o/refused.txt \$o/refused.txt.rank1; echo "no fallback to tcp for the refused pair"; exit 1; }
   grep -m1 "falling back" \$o/refused.txt
 fi
-if [ -z "$bench_only" ]; then
+if [ -z "$mode" ]; then
   stage "bcl-bench over rdma, 2 and 4 ranks, checked (the sweep: scripts/rdma-vm-test.sh --bench)"
   for n in 2 4; do
     \$bench allreduce --nranks \$n --transport rdma -b 64K -e 1M -f 16 -n 2 -w 1 > \$o/bench-check-\$n.txt 2>&1 ||
@@ -165,6 +164,6 @@ GUEST
 echo "== rdma: booting the Soft-RoCE VM"
 BCL_RDMA_VM_TIMEOUT=${BCL_RDMA_VM_TIMEOUT:-1500} bash scripts/rdma-vm.sh run "$guest" "$out_dir"
 
-if [ -n "$bench_only" ]; then
+if [ -n "$mode" ]; then
   python3 scripts/rdma-bench-summary.py "$out_dir" | tee "$out_dir/summary.txt"
 fi

@@ -45,6 +45,27 @@ pub fn spawn(spec: &RankSpec<'_>) -> Child {
     cmd.spawn().expect("spawn bcl-rank")
 }
 
+/// `world` ranks of a new communicator on this host (loopback), each running `scenario` with
+/// `env`.
+pub fn start_ranks(binary: &str, world: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<Child> {
+    let id = bcl_core::UniqueId::new(std::net::Ipv4Addr::LOCALHOST.into())
+        .expect("unique id")
+        .to_string();
+    (0..world)
+        .map(|rank| {
+            spawn(&RankSpec {
+                binary,
+                rank,
+                world,
+                id: &id,
+                scenario,
+                env,
+                wrapper: &[],
+            })
+        })
+        .collect()
+}
+
 /// What a finished rank left behind.
 #[derive(Debug)]
 pub struct Finished {

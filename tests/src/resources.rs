@@ -1,5 +1,5 @@
-//! What a process holds, read from /proc: open descriptors, threads, and the TCP ports it
-//! listens on. The chaos soak's ranks count them before init and after their communicator is
+//! What a process holds, read from /proc: open descriptors, threads, the TCP ports it
+//! listens on, resident memory. The chaos soak's ranks count them before init and after their communicator is
 //! gone (a fault or not), so a leak on any path shows as a number above zero.
 
 use std::time::{Duration, Instant};
@@ -53,6 +53,20 @@ pub fn listening_ports(pid: u32) -> Vec<u16> {
     }
     ports.sort_unstable();
     ports
+}
+
+/// `pid`'s resident memory in KiB (`VmRSS` of `/proc/PID/status`; pages of shared memory it
+/// mapped and touched count in full), or `None` where it cannot be read.
+pub fn resident_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Held {

@@ -6,7 +6,7 @@
 
 use bcl_core::UniqueId;
 use bcl_tests::procs::{
-    Finished, RankSpec, finish, one_at_a_time, signal, spawn, unix_ms, wait_ready,
+    Finished, RankSpec, finish, one_at_a_time, signal, spawn, start_ranks, unix_ms, wait_ready,
 };
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -20,20 +20,7 @@ fn new_id() -> String {
 }
 
 fn start(world: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<Child> {
-    let id = new_id();
-    (0..world)
-        .map(|rank| {
-            spawn(&RankSpec {
-                binary: RANK_BIN,
-                rank,
-                world,
-                id: &id,
-                scenario,
-                env,
-                wrapper: &[],
-            })
-        })
-        .collect()
+    start_ranks(RANK_BIN, world, scenario, env)
 }
 
 fn finish_all(children: Vec<Child>, within: Duration) -> Vec<Finished> {

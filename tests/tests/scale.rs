@@ -12,8 +12,7 @@
 //! link to it closed first (found by this test; the fix, a departing rank's reason carried to
 //! the peers that see it go, is not written yet).
 
-use bcl_core::UniqueId;
-use bcl_tests::procs::{Finished, RankSpec, finish_or_kill, one_at_a_time, signal, spawn, unix_ms};
+use bcl_tests::procs::{Finished, finish_or_kill, one_at_a_time, signal, start_ranks, unix_ms};
 use std::io::{BufRead, BufReader, Read};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -34,9 +33,6 @@ fn sixty_four_ranks_over_tcp() {
 
 fn sixty_four_ranks(transport: &str) {
     let _serial = one_at_a_time();
-    let id = UniqueId::new("127.0.0.1".parse().expect("ip"))
-        .expect("unique id")
-        .to_string();
     let env = [
         ("BCL_TRANSPORT", transport),
         // 64 processes on 2 cores: bounded, with room for a slow CI machine.
@@ -45,19 +41,7 @@ fn sixty_four_ranks(transport: &str) {
         ("BCL_TEST_LINGER_MS", "3000"),
     ];
     let started = Instant::now();
-    let mut children: Vec<Child> = (0..WORLD)
-        .map(|rank| {
-            spawn(&RankSpec {
-                binary: RANK_BIN,
-                rank,
-                world: WORLD,
-                id: &id,
-                scenario: "scale",
-                env: &env,
-                wrapper: &[],
-            })
-        })
-        .collect();
+    let mut children = start_ranks(RANK_BIN, WORLD, "scale", &env);
     // Every rank prints `ready` once its barrier and checked allreduce are done; a rank that
     // fails first ends its stdout instead. Bounded: the reader threads give up at the deadline.
     let deadline = Instant::now() + Duration::from_secs(240);

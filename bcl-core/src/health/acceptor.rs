@@ -1,11 +1,12 @@
 //! The health port's accept thread: takes each connection and hands it to a helper that
 //! authenticates and serves it (`service::handshake`), within a bound on handshakes in flight.
 //!
-//! On a thread of its own, not the health thread's: handing a connection over takes locks
-//! that helpers also take (the admission bound's queue, the spawner's channel), and on a
-//! crowded machine a helper holding one can be preempted for seconds. Measured with 64 ranks
-//! on this 2-core machine: rank 0, which every rank reports to, spent 1-12 s in one round of
-//! accepts on its health thread, sent no heartbeat meanwhile, and was named unresponsive.
+//! On a thread of its own, not the health thread's. Measured with 64 ranks on this 2-core
+//! machine, helpers already started elsewhere: rank 0, which every rank reports to, still
+//! spent 1-12 s in one round of accepts on its health thread, sent no heartbeat meanwhile,
+//! and was named unresponsive. (Handing a connection over takes locks that helpers also take,
+//! the admission queue's and the spawner's; a helper preempted holding one is the likely
+//! wait: the two were not timed apart.)
 
 use super::Inner;
 use super::helpers::spawn_helper;

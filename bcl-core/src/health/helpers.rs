@@ -5,7 +5,7 @@
 //! A helper is started by the spawner thread, never by the thread that asks for it: creating a
 //! thread can stall its creator. Measured with 64 ranks on this 2-core machine (bcl-bench
 //! allreduce over tcp): one `thread::spawn` on rank 0's health thread took 0.2-2.4 s while
-//! the others' slow-node reports arrived, its heartbeats stopped for as long, and 5 runs of 8
+//! the others' slow-node reports arrived, its heartbeats stopped for as long, and 6 runs of 8
 //! ended in a false verdict ("rank 0 is unresponsive", or "link between rank 1 and rank 0 is
 //! down"). Handing the work over is one channel send.
 

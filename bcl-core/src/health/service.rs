@@ -55,8 +55,7 @@ impl Link {
     }
 }
 
-/// The health thread's loop, until shutdown: take new connections and links, flood
-/// verdicts, send heartbeats and read every link, close the slow-node window, then sleep
+/// The health thread's loop, until shutdown: take the new links, flood verdicts, send heartbeats and read every link, close the slow-node window, then sleep
 /// until something is due.
 pub(super) fn run(inner: Arc<Inner>, woken: UnixDatagram) {
     let mut links: Vec<Link> = Vec::new();

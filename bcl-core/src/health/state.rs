@@ -68,9 +68,10 @@ impl Inner {
     /// Close the current slow-node window: rank 0 evaluates it with what the others sent;
     /// the others send theirs to rank 0 and keep the summary it answers. On a helper: the
     /// window and the detector are locked by the data path and by the reports arriving, and
-    /// a thread that holds one can be preempted for seconds on a crowded machine (measured:
-    /// rank 0's health thread waited 3-6 s for the detector among 64 ranks on 2 cores, and
-    /// its neighbours, hearing nothing, named it unresponsive).
+    /// a thread that holds one can be preempted for seconds on a crowded machine (among 64
+    /// ranks on 2 cores, rank 0's health loop stalled twice, 3 and 6 s, outside its accepts and
+    /// links, where closing the window waits for the detector's lock; its neighbours, hearing
+    /// nothing, named it unresponsive).
     pub(super) fn close_window(self: &Arc<Self>) {
         let inner = self.clone();
         super::helpers::spawn_helper(self, "window", move || inner.close_window_now());

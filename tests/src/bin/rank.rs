@@ -290,14 +290,7 @@ fn watch(comm: &Communicator) -> Result<(), ExitCode> {
 
 fn scale(comm: &Communicator, init: Duration) -> Result<(), ExitCode> {
     let (rank, n) = (comm.rank(), comm.world_size());
-    let rss_kib = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0);
+    let rss_kib = bcl_tests::resources::resident_kib(std::process::id()).unwrap_or(0);
     eprintln!("scale init_ms={} rss_kib={rss_kib}", init.as_millis());
     checked(rank, || comm.barrier())?;
     // Element j of rank r is r + 1 + j % 7: every sum is an integer below 2^24, exact in fp32.

@@ -27,6 +27,9 @@ struct JsonRow {
     in_place: bool,
     time_us: f64,
     busbw_gbs: f64,
+    /// Rows of `bcl-sim`.
+    #[serde(default)]
+    simulated: bool,
 }
 
 /// Read one input file into its series (a file may hold several).
@@ -52,10 +55,11 @@ fn from_json(text: &str, stem: &str) -> Result<Vec<Series>, String> {
         let row: JsonRow =
             serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
         let label = format!(
-            "{stem} ({} {} ranks{})",
+            "{stem} ({} {} ranks{}{})",
             row.collective,
             row.nranks,
-            if row.in_place { ", in place" } else { "" }
+            if row.in_place { ", in place" } else { "" },
+            if row.simulated { ", simulated" } else { "" }
         );
         let point = (row.size_bytes as f64, row.time_us, row.busbw_gbs);
         match out.iter_mut().find(|s| s.label == label) {

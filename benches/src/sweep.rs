@@ -14,7 +14,7 @@ use std::time::Instant;
 
 /// The collective a row runs on `rank` of `n` (sendrecv: its receive from the previous rank,
 /// which sizes, checks and names the row; the send to the next goes with it).
-fn collective_of(
+pub fn collective_of(
     name: CollectiveName,
     op: ReduceOp,
     root: usize,
@@ -36,8 +36,20 @@ fn collective_of(
     }
 }
 
+/// The size a row reports for `count` elements per rank, as nccl-tests reports it.
+pub fn row_bytes(c: Collective, count: usize, esize: usize, n: usize) -> usize {
+    match c {
+        Collective::AllGather
+        | Collective::ReduceScatter { .. }
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => count * n * esize,
+        _ => count * esize,
+    }
+}
+
 /// Per-rank element count for a row of `bytes`, as nccl-tests counts it.
-fn count_for(c: Collective, bytes: usize, esize: usize, n: usize) -> usize {
+pub fn count_for(c: Collective, bytes: usize, esize: usize, n: usize) -> usize {
     match c {
         Collective::AllGather
         | Collective::ReduceScatter { .. }
@@ -110,14 +122,7 @@ fn row(
     let mut pair = Vec::new();
     for in_place in [false, true] {
         let (time_us, wrong) = with_element_type!(dtype, T => measure::<T>(comm, args, placement, c, count, in_place))?;
-        let size = match c {
-            Collective::AllGather
-            | Collective::ReduceScatter { .. }
-            | Collective::AllToAll
-            | Collective::Gather { .. }
-            | Collective::Scatter { .. } => count * n * dtype.size(),
-            _ => count * dtype.size(),
-        };
+        let size = row_bytes(c, count, dtype.size(), n);
         let algbw = if time_us > 0.0 {
             size as f64 / time_us / 1e3
         } else {
@@ -142,6 +147,7 @@ fn row(
             algbw_gbs: algbw,
             busbw_gbs: algbw * table::busbw_factor(c, n),
             wrong,
+            simulated: false,
             algorithm: match args.collective {
                 // Point to point: no collective algorithm runs.
                 CollectiveName::Sendrecv => "p2p".into(),

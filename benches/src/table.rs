@@ -22,6 +22,9 @@ pub struct Measurement {
     pub wrong: u64,
     /// The algorithm the call ran with (`hier-ring`, `ring`, ...).
     pub algorithm: String,
+    /// A row of `bcl-sim` (the plans run on a modelled network), not a measurement.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
 }
 
 /// nccl-tests' bus bandwidth factor: what fraction of the data each link must carry.
@@ -108,6 +111,7 @@ mod tests {
             busbw_gbs: busbw,
             wrong,
             algorithm: "ring".into(),
+            simulated: false,
         }
     }
 

@@ -1,0 +1,452 @@
+//! The discrete-event engine: every simulated rank runs its `schedule::build_plan` plan as
+//! the executor would (a step starts once the steps it depends on are done; a receive also
+//! waits for its message), in virtual time over the flow model of [`crate::network`].
+//!
+//! Costs: a send is a flow of its bytes over the message's path, delivered α after its last
+//! byte; a receive that reduces (or seeds) is a flow of its bytes through the receiver's
+//! device engine; a copy is one at the copy speed; a plain receive costs nothing beyond its
+//! message. On an uncongested ring this is the cost model's closed form,
+//! 2(p−1)·(α + c·β) + (p−1)·c·γ (a test holds it to that).
+//!
+//! A symmetric run simulates the ranks of the first `group` hosts only, assuming every rank
+//! behaves as its stand-in in the group (rank mod group size) does: true when hosts are
+//! alike and the plans are symmetric, under rotation by whole groups (rings, chains) or
+//! translation by XOR (recursive doubling and halving). A message to a rank outside the
+//! group is delivered to the rank inside it that stands in the same place, from the sender
+//! that really sends it there (an image of the stand-in); the engine builds that sender's
+//! plan and checks that its step is the same send (same step index, same size), so plans
+//! that are not symmetric are refused rather than simulated wrongly.
+
+use crate::network::Network;
+use crate::topology::Topology;
+use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, build_plan};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+/// One simulated call.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// What each rank calls; `None` for every rank: `collective` itself.
+    pub collective: Collective,
+    /// Every rank also sends to the next (nccl-tests' sendrecv, with `Recv` from the previous).
+    pub sendrecv: bool,
+    pub algorithm: Algorithm,
+    pub count: usize,
+    pub elem_bytes: usize,
+    pub in_place: bool,
+    pub slice_elems: usize,
+}
+
+/// What a run found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// From the common start to the last rank's last step.
+    pub seconds: f64,
+    /// Ranks whose plans ran (all, or one group).
+    pub simulated_ranks: usize,
+    /// Steps run.
+    pub steps: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Job {
+    /// A send's bytes: on their end the step is done and the message delivered α later.
+    Send { sim: usize, step: usize, alpha: f64 },
+    /// Device work (a reduce or a copy): the step is done when it ends.
+    Work { sim: usize, step: usize },
+}
+
+struct RankRun {
+    plan: Plan,
+    waiting: Vec<usize>,
+    left: usize,
+    end: f64,
+}
+
+/// The layout BCL would give `rank`: hosts in ring order, a weight per rank from its
+/// device's reduce speed when the vendors differ.
+pub fn layout(topo: &Topology, rank: usize) -> Result<Layout, String> {
+    let n = topo.world();
+    let mut layout = Layout::new(rank, (0..n).collect())?;
+    if topo.hosts > 1 {
+        let hosts = (0..topo.hosts)
+            .map(|h| (h * topo.per_host..(h + 1) * topo.per_host).collect())
+            .collect();
+        layout = layout.with_hosts(hosts)?;
+    }
+    if topo.fabric().mixed_speeds {
+        let weights = (0..n)
+            .map(|r| ((topo.vendor(r / topo.per_host).reduce / 1e9).round() as u32).max(1))
+            .collect();
+        layout = layout.with_weights(weights)?;
+    }
+    Ok(layout)
+}
+
+/// The plan `rank` runs for `case`.
+pub fn plan_of(topo: &Topology, case: &Case, rank: usize) -> Result<Plan, String> {
+    let layout = layout(topo, rank)?;
+    let build = |c: Collective| {
+        build_plan(
+            c,
+            case.algorithm,
+            &layout,
+            case.count,
+            case.in_place,
+            case.slice_elems,
+        )
+    };
+    if !case.sendrecv {
+        return Ok(build(case.collective));
+    }
+    let n = topo.world();
+    let mut plan = build(Collective::Send {
+        peer: (rank + 1) % n,
+    });
+    let recv = build(Collective::Recv {
+        peer: (rank + n - 1) % n,
+    });
+    // The two plans touch different buffers (Input and Output): side by side, no order.
+    let base = plan.steps.len();
+    for mut s in recv.steps {
+        s.deps.iter_mut().for_each(|d| *d += base);
+        plan.steps.push(s);
+    }
+    for d in recv.dependents {
+        plan.dependents
+            .push(d.into_iter().map(|x| x + base).collect());
+    }
+    plan.scratch_elems = plan.scratch_elems.max(recv.scratch_elems);
+    Ok(plan)
+}
+
+/// Simulate `case` on `topo`: every rank (`group` = `topo.hosts`), or the first `group`
+/// hosts' ranks standing for all (see the module's doc).
+pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, String> {
+    let n = topo.world();
+    if group == 0 || group > topo.hosts || !topo.hosts.is_multiple_of(group) {
+        return Err(format!(
+            "a group of {group} hosts does not divide {} hosts",
+            topo.hosts
+        ));
+    }
+    let span = group * topo.per_host;
+    let mut e = Engine {
+        topo,
+        case,
+        net: Network::new(topo, group),
+        span,
+        world: n,
+        now: 0.0,
+        runs: Vec::with_capacity(span),
+        ready: Vec::new(),
+        mailbox: HashMap::new(),
+        pending: HashMap::new(),
+        jobs: Vec::new(),
+        timers: BinaryHeap::new(),
+        seq: 0,
+        others: HashMap::new(),
+        steps: 0,
+        channels: HashMap::new(),
+    };
+    for r in 0..span {
+        let plan = plan_of(topo, case, r)?;
+        let waiting: Vec<usize> = plan.steps.iter().map(|s| s.deps.len()).collect();
+        for (i, w) in waiting.iter().enumerate() {
+            if *w == 0 {
+                e.ready.push((r, i));
+            }
+        }
+        e.runs.push(RankRun {
+            left: plan.steps.len(),
+            plan,
+            waiting,
+            end: 0.0,
+        });
+    }
+    // Start in plan order.
+    e.ready.reverse();
+    e.run()?;
+    Ok(Outcome {
+        seconds: e.runs.iter().map(|r| r.end).fold(0.0, f64::max),
+        simulated_ranks: span,
+        steps: e.steps,
+    })
+}
+
+/// A send waiting its turn on its channel: (rank, step, bytes, path, α).
+type Queued = (usize, usize, f64, Vec<(usize, f64)>, f64);
+
+/// A delivery waiting for its time: (time as ordered bits, sequence, from, to, tag).
+type Timer = Reverse<(u64, u64, usize, usize, u32)>;
+
+struct Engine<'a> {
+    topo: &'a Topology,
+    case: &'a Case,
+    net: Network,
+    span: usize,
+    world: usize,
+    now: f64,
+    runs: Vec<RankRun>,
+    ready: Vec<(usize, usize)>,
+    /// Messages delivered and not yet received, per (from, to, tag).
+    mailbox: HashMap<(usize, usize, u32), u32>,
+    /// Receives waiting for their message, per (from, to, tag), in the order they became ready.
+    pending: HashMap<(usize, usize, u32), VecDeque<(usize, usize)>>,
+    jobs: Vec<Option<Job>>,
+    timers: BinaryHeap<Timer>,
+    seq: u64,
+    /// Plans of ranks outside the group that send into it (symmetric runs).
+    others: HashMap<usize, Plan>,
+    steps: u64,
+    /// Per (sender, receiver): sends in flight, and those waiting their turn.
+    channels: HashMap<(usize, usize), (usize, VecDeque<Queued>)>,
+}
+
+impl Engine<'_> {
+    fn run(&mut self) -> Result<(), String> {
+        loop {
+            while let Some((sim, step)) = self.ready.pop() {
+                self.start(sim, step)?;
+            }
+            let flow_end = self.net.flows.next_end();
+            let timer = self
+                .timers
+                .peek()
+                .map(|Reverse((t, ..))| f64::from_bits(*t) - self.now);
+            let dt = match (flow_end, timer) {
+                (None, None) => break,
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+            }
+            .max(0.0);
+            self.now += dt;
+            for id in self.net.flows.advance(dt) {
+                match self.jobs[id].take() {
+                    Some(Job::Send { sim, step, alpha }) => {
+                        self.next_on_channel(sim, step);
+                        self.done(sim, step);
+                        self.sent(sim, step, alpha)?;
+                    }
+                    Some(Job::Work { sim, step }) => self.done(sim, step),
+                    None => return Err(format!("flow {id} ended with no step behind it")),
+                }
+            }
+            while let Some(Reverse((t, _, from, to, tag))) = self.timers.peek().copied() {
+                if f64::from_bits(t) > self.now {
+                    break;
+                }
+                self.timers.pop();
+                self.arrive(from, to, tag);
+            }
+        }
+        for (r, run) in self.runs.iter().enumerate() {
+            if run.left > 0 {
+                let stuck = (0..run.plan.steps.len())
+                    .find(|&i| run.waiting[i] > 0 || self.is_pending(r, i))
+                    .map(|i| format!("step {i} {:?}", run.plan.steps[i].action))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "simulated rank {r} stopped with {} steps left, first {stuck}",
+                    run.left
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn is_pending(&self, sim: usize, step: usize) -> bool {
+        self.pending.values().any(|q| q.contains(&(sim, step)))
+    }
+
+    fn flow(&mut self, bytes: f64, path: Vec<(usize, f64)>, job: Job) {
+        let id = self.net.flows.start(bytes, path);
+        if self.jobs.len() <= id {
+            self.jobs.resize(id + 1, None);
+        }
+        self.jobs[id] = Some(job);
+    }
+
+    fn start(&mut self, sim: usize, step: usize) -> Result<(), String> {
+        let esize = self.case.elem_bytes as f64;
+        let action = self.runs[sim].plan.steps[step].action.clone();
+        match action {
+            Action::Send { peer, from, .. } => {
+                let path = self.net.path(sim, peer);
+                let bytes = from.len as f64 * esize;
+                if bytes > 0.0 {
+                    let limit = self.topo.channels;
+                    let ch = self.channels.entry((sim, peer)).or_default();
+                    if ch.0 < limit {
+                        ch.0 += 1;
+                        let job = Job::Send {
+                            sim,
+                            step,
+                            alpha: path.alpha,
+                        };
+                        self.flow(bytes, path.resources, job);
+                    } else {
+                        ch.1.push_back((sim, step, bytes, path.resources, path.alpha));
+                    }
+                } else {
+                    self.done(sim, step);
+                    self.sent(sim, step, path.alpha)?;
+                }
+            }
+            Action::Recv { peer, tag, .. } => {
+                let key = (peer, sim, tag);
+                match self.mailbox.get_mut(&key) {
+                    Some(c) if *c > 0 => {
+                        *c -= 1;
+                        self.receive(sim, step);
+                    }
+                    _ => self.pending.entry(key).or_default().push_back((sim, step)),
+                }
+            }
+            Action::Copy { from, .. } => {
+                let work = self.net.work(sim, false);
+                self.work(sim, step, from.len as f64 * esize, work);
+            }
+            Action::Divide { region } => {
+                let work = self.net.work(sim, true);
+                self.work(sim, step, region.len as f64 * esize, work);
+            }
+            _ => {
+                return Err(format!(
+                    "rank {sim} step {step}: an action the simulator does not know: {action:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A send of `sim`'s step `step` has left: the next waiting on its channel goes.
+    fn next_on_channel(&mut self, sim: usize, step: usize) {
+        let Action::Send { peer, .. } = self.runs[sim].plan.steps[step].action else {
+            return;
+        };
+        let Some(ch) = self.channels.get_mut(&(sim, peer)) else {
+            return;
+        };
+        match ch.1.pop_front() {
+            Some((s, st, bytes, path, alpha)) => {
+                self.flow(
+                    bytes,
+                    path,
+                    Job::Send {
+                        sim: s,
+                        step: st,
+                        alpha,
+                    },
+                );
+            }
+            None => ch.0 -= 1,
+        }
+    }
+
+    fn work(&mut self, sim: usize, step: usize, bytes: f64, path: Vec<(usize, f64)>) {
+        if bytes > 0.0 {
+            self.flow(bytes, path, Job::Work { sim, step });
+        } else {
+            self.done(sim, step);
+        }
+    }
+
+    /// A receive whose message is here.
+    fn receive(&mut self, sim: usize, step: usize) {
+        let Action::Recv {
+            into, reduce, seed, ..
+        } = self.runs[sim].plan.steps[step].action
+        else {
+            return;
+        };
+        if reduce || seed.is_some() {
+            let bytes = into.len as f64 * self.case.elem_bytes as f64;
+            let work = self.net.work(sim, true);
+            self.work(sim, step, bytes, work);
+        } else {
+            self.done(sim, step);
+        }
+    }
+
+    fn done(&mut self, sim: usize, step: usize) {
+        self.steps += 1;
+        let run = &mut self.runs[sim];
+        run.left -= 1;
+        run.end = run.end.max(self.now);
+        for k in 0..run.plan.dependents[step].len() {
+            let d = run.plan.dependents[step][k];
+            run.waiting[d] -= 1;
+            if run.waiting[d] == 0 {
+                self.ready.push((sim, d));
+            }
+        }
+    }
+
+    /// Step `step` of `sim`, a send, has left: deliver it α from now, to the rank in the
+    /// group that stands where its receiver does.
+    fn sent(&mut self, sim: usize, step: usize, alpha: f64) -> Result<(), String> {
+        let Action::Send { peer, tag, from } = self.runs[sim].plan.steps[step].action else {
+            return Err(format!("rank {sim} step {step} is not a send"));
+        };
+        let (from_rank, to, tag) = if peer < self.span {
+            (sim, peer, tag)
+        } else {
+            // Move by whole groups so the receiver lands in the group: rotate (rings,
+            // chains), or translate by XOR (recursive doubling and halving, whose partners
+            // differ in one bit). The sender is whichever image of `sim` really sends this.
+            let k = peer / self.span;
+            let to = peer - k * self.span;
+            let rotated = (sim + self.world - k * self.span) % self.world;
+            let xored = sim ^ (k * self.span);
+            match self.image_tag(rotated, step, to, from.len) {
+                Ok(tag) => (rotated, to, tag),
+                Err(rotation) if xored < self.world => {
+                    match self.image_tag(xored, step, to, from.len) {
+                        Ok(tag) => (xored, to, tag),
+                        Err(xor) => return Err(format!("{rotation}; {xor}")),
+                    }
+                }
+                Err(rotation) => return Err(rotation),
+            }
+        };
+        let at = self.now + alpha;
+        self.seq += 1;
+        self.timers
+            .push(Reverse((at.to_bits(), self.seq, from_rank, to, tag)));
+        Ok(())
+    }
+
+    /// The tag of step `step` of rank `image` (outside the group), which must be a send to
+    /// `to` of `len` elements, as step `step` of its stand-in is.
+    fn image_tag(
+        &mut self,
+        image: usize,
+        step: usize,
+        to: usize,
+        len: usize,
+    ) -> Result<u32, String> {
+        if !self.others.contains_key(&image) {
+            let plan = plan_of(self.topo, self.case, image)?;
+            self.others.insert(image, plan);
+        }
+        let plan = &self.others[&image];
+        match plan.steps.get(step).map(|s| &s.action) {
+            Some(Action::Send { peer, tag, from }) if *peer == to && from.len == len => Ok(*tag),
+            other => Err(format!(
+                "the plans are not symmetric by groups of {} ranks: rank {image} step {step} is {other:?}, \
+                 where its stand-in in the group sends {len} elements to rank {to} (run it exactly: --group 0)",
+                self.span
+            )),
+        }
+    }
+
+    fn arrive(&mut self, from: usize, to: usize, tag: u32) {
+        let key = (from, to, tag);
+        match self.pending.get_mut(&key).and_then(|q| q.pop_front()) {
+            Some((sim, step)) => self.receive(sim, step),
+            None => *self.mailbox.entry(key).or_insert(0) += 1,
+        }
+    }
+}

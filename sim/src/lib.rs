@@ -1,0 +1,20 @@
+//! `bcl-sim`: BCL's own collective plans (`bcl_core::schedule::build_plan`, the algorithm
+//! BCL's selector picks) run on a simulated cluster, so what 10k-100k ranks would do can be
+//! read from the same schedules that run for real on a few.
+//!
+//! ```text
+//!  topology ──► network (resources: device, ports, NICs, switch uplinks)
+//!                  │
+//!  plans ─────► engine (discrete events in virtual time) ──► flows (max-min fair rates)
+//!                  │
+//!               sweep ──► bcl-bench's table and JSON rows, marked simulated
+//! ```
+//!
+//! Everything here is sans-IO and deterministic: no clock, thread or socket.
+
+pub mod args;
+pub mod engine;
+pub mod flows;
+pub mod network;
+pub mod sweep;
+pub mod topology;

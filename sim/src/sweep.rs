@@ -1,0 +1,174 @@
+//! A sweep of sizes, as `bcl-bench` runs one: each row out of place then in place, the
+//! algorithm BCL's selector would pick (or the one asked), bcl-bench's table and JSON rows.
+
+use crate::args::Args;
+use crate::engine::{self, Case};
+use crate::network::leaf_size;
+use crate::topology::Topology;
+use bcl_bench::args::CollectiveName;
+use bcl_bench::sweep::{collective_of, count_for, row_bytes};
+use bcl_bench::table::{self, Measurement};
+use bcl_core::schedule::select;
+use bcl_core::{Algorithm, DataType, ReduceOp};
+
+/// Worlds up to this many ranks are simulated rank by rank unless `--group` says otherwise.
+pub const EXACT_UP_TO: usize = 1024;
+
+/// The topology the flags describe.
+pub fn topology(args: &Args) -> Result<Topology, String> {
+    let spec = match &args.topology {
+        Some(s) => s.clone(),
+        None if args.nranks <= 8 => "local".into(),
+        None => "cluster".into(),
+    };
+    Topology::parse(&spec, args.nranks)
+}
+
+/// The hosts simulated for all: `--group`, or every host up to [`EXACT_UP_TO`] ranks, or the
+/// smallest multiple of the leaf and of the vendor pattern that divides the hosts.
+pub fn group(args: &Args, topo: &Topology) -> usize {
+    match args.group {
+        Some(0) => topo.hosts,
+        Some(g) => g,
+        None if topo.world() <= EXACT_UP_TO => topo.hosts,
+        None => {
+            let leaf = leaf_size(topo).min(topo.hosts);
+            let period = topo.vendor_period();
+            let mut g = leaf;
+            while !g.is_multiple_of(period) {
+                g += leaf;
+            }
+            if topo.hosts.is_multiple_of(g) {
+                g
+            } else {
+                topo.hosts
+            }
+        }
+    }
+}
+
+/// The rows of the sweep.
+pub fn run(
+    args: &Args,
+    topo: &Topology,
+    mut print: impl FnMut(&str),
+) -> Result<Vec<Measurement>, String> {
+    let n = topo.world();
+    if args.collective == CollectiveName::Sendrecv && n < 2 {
+        return Err("sendrecv needs 2 ranks or more".into());
+    }
+    if args.root >= n {
+        return Err(format!("root {} is outside a world of {n}", args.root));
+    }
+    let dtype: DataType = args.datatype.parse()?;
+    let op: ReduceOp = args.op.parse()?;
+    let forced: Option<Algorithm> = match args.algo.as_str() {
+        "auto" => None,
+        a => Some(a.parse()?),
+    };
+    let group = group(args, topo);
+    let reduces = matches!(
+        args.collective,
+        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
+    );
+    let rooted = matches!(
+        args.collective,
+        CollectiveName::Broadcast
+            | CollectiveName::Reduce
+            | CollectiveName::Gather
+            | CollectiveName::Scatter
+    );
+    print(&format!("# bcl-sim: {n} ranks, {}", topo.describe()));
+    print(&format!(
+        "# simulated: {} of {n} ranks ({}){}",
+        group * topo.per_host,
+        if group == topo.hosts {
+            "every rank"
+        } else {
+            "one group of hosts stands for all"
+        },
+        ""
+    ));
+    print(&table::header());
+    let mut all = Vec::new();
+    for bytes in args.sizes() {
+        // sendrecv: every rank's receive sizes the row, its send goes beside it.
+        let c = collective_of(args.collective, op, args.root, 0, n);
+        let count = count_for(c, bytes, dtype.size(), n);
+        let size = row_bytes(c, count, dtype.size(), n);
+        let algorithm = match args.collective {
+            CollectiveName::Sendrecv => Algorithm::Ring,
+            _ => forced
+                .unwrap_or_else(|| select(c, count * dtype.size(), topo.fabric()))
+                .for_collective(c),
+        };
+        let mut pair = Vec::new();
+        for in_place in [false, true] {
+            let case = Case {
+                collective: c,
+                sendrecv: args.collective == CollectiveName::Sendrecv,
+                algorithm,
+                count,
+                elem_bytes: dtype.size(),
+                in_place,
+                slice_elems: (args.slice_bytes / dtype.size()).max(1),
+            };
+            let out = match engine::simulate(topo, &case, group) {
+                // Plans that are not symmetric (recursive doubling's pairing step on hosts
+                // that are not a power of two, trees) run rank by rank.
+                Err(e)
+                    if group != topo.hosts
+                        && args.group.is_none()
+                        && e.contains("not symmetric") =>
+                {
+                    if !in_place {
+                        print(&format!(
+                            "# {size} B: {} plans not symmetric by groups, every rank simulated",
+                            algorithm.name()
+                        ));
+                    }
+                    engine::simulate(topo, &case, topo.hosts)?
+                }
+                other => other?,
+            };
+            let time_us = out.seconds * 1e6;
+            let algbw = if time_us > 0.0 {
+                size as f64 / time_us / 1e3
+            } else {
+                0.0
+            };
+            pair.push(Measurement {
+                collective: format!("{:?}", args.collective).to_lowercase(),
+                nranks: n,
+                devices: match &topo.b {
+                    Some((f, _)) if *f > 0.0 => format!("{},{}", topo.a.name, "b"),
+                    _ => topo.a.name.clone(),
+                },
+                transport: format!("sim:{}", topo.name),
+                size_bytes: size,
+                count,
+                dtype: dtype.name().to_string(),
+                redop: if reduces {
+                    op.name().to_string()
+                } else {
+                    "none".into()
+                },
+                root: if rooted { args.root as i64 } else { -1 },
+                in_place,
+                time_us,
+                algbw_gbs: algbw,
+                busbw_gbs: algbw * table::busbw_factor(c, n),
+                wrong: 0,
+                algorithm: match args.collective {
+                    CollectiveName::Sendrecv => "p2p".into(),
+                    _ => algorithm.name().into(),
+                },
+                simulated: true,
+            });
+        }
+        print(&table::row(&pair[0], &pair[1]));
+        all.extend(pair);
+    }
+    print(&table::footer(&all));
+    Ok(all)
+}

@@ -1,0 +1,485 @@
+//! The modelled cluster: hosts of ranks, the links inside a host, the NICs, the switch tiers,
+//! and each vendor's device speeds. Given as a short spec string or a file of the same
+//! `key=value` pairs (one per line or comma-separated, `#` comments):
+//!
+//! ```text
+//! local                         this host (up to 8 ranks over shm; `transport=tcp` for loopback)
+//! cluster                       the default cluster (below), hosts of 8 ranks
+//! cluster,per-host=8,nic=8x50@8,leaf=32,pod=16,oversub=2,b-share=0.5,b-reduce=400
+//! ```
+//!
+//! Keys (speeds in GB/s = 1e9 bytes/s, latencies in µs):
+//! `per-host` ranks per host; `intra=GBPS@US` each rank's port inside a host and the
+//! per-message latency there; `reduce`, `copy` a device's reduce and copy speed;
+//! `nic=COUNTxGBPS@US` NICs per host, each one's speed, the per-message latency between hosts;
+//! `leaf` hosts under one leaf switch (0: one switch for all), `pod` leaves under one pod
+//! (0: two tiers), `oversub` / `pod-oversub` the leaf's / pod's down:up ratio; `rails=1`: NIC k
+//! of every host joins leaf plane k (rail-optimised); `b-share=F` the fraction of hosts of a
+//! second vendor, spread evenly, with `b-reduce`, `b-copy`, `b-intra`, `b-nic` its speeds
+//! (default: the first vendor's); `channels` messages in flight per peer; `cores` per host when ranks are CPU threads
+//! (0: devices); `transport` for
+//! `local` (shm or tcp).
+
+use bcl_core::schedule::Fabric;
+use bcl_core::schedule::cost::{self, LinkCost};
+
+/// A class of link: per-message latency and bandwidth.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Bytes per second.
+    pub bandwidth: f64,
+}
+
+/// What one vendor's hosts are made of.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vendor {
+    pub name: String,
+    /// Bytes per second one device reduces into its destination.
+    pub reduce: f64,
+    /// Bytes per second one device copies.
+    pub copy: f64,
+    /// Each rank's port to the others of its host.
+    pub intra: Link,
+    /// Each NIC of a host (latency between hosts).
+    pub nic: Link,
+}
+
+/// The cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    /// How it was given (for the table's header and the JSON's transport field).
+    pub name: String,
+    pub hosts: usize,
+    pub per_host: usize,
+    pub nics: usize,
+    /// Hosts under one leaf switch (0: all under one).
+    pub leaf: usize,
+    /// Leaves under one pod switch (0: no third tier).
+    pub pod: usize,
+    pub oversub: f64,
+    pub pod_oversub: f64,
+    pub rails: bool,
+    /// The first vendor, and the second with the share of hosts it has.
+    pub a: Vendor,
+    pub b: Option<(f64, Vendor)>,
+    /// Every link inside a host is shared memory (the `local` model over shm).
+    pub shared_memory: bool,
+    /// This host's model: one host of every rank.
+    pub local: bool,
+    /// `leaf` and `pod` were given (else [`Topology::fit`] sizes them to the hosts).
+    pub switches_given: bool,
+    /// Ranks are CPU threads on this many cores per host (0: devices with their own copy
+    /// engines): a rank's own core moves the bytes it sends and does its reduces, and the
+    /// ranks of a host share its cores (`local`).
+    pub cores: usize,
+    /// Messages in flight at once from one rank to one peer (the rest wait their turn, as
+    /// on a shared-memory ring or a socket): TCP's connections per peer, 1 otherwise.
+    pub channels: usize,
+}
+
+/// Hosts under one leaf switch in the default cluster (at most; see [`Topology::fit`]).
+pub const DEFAULT_LEAF: usize = 32;
+/// Leaves under one pod switch in the default cluster (at most).
+pub const DEFAULT_POD: usize = 16;
+
+/// The default cluster (`docs/simulator.md` gives the sources): hosts of 8 accelerators
+/// joined inside by 370 GB/s ports (NVLink-class busbw), reduce and copy at 1000 GB/s, 8 NICs
+/// of 50 GB/s (400 Gbit/s) per host at 8 µs per message, rail-optimised leaves of up to 32
+/// hosts, pods of up to 16 leaves (sized so hosts fill them evenly), no oversubscription.
+pub fn default_cluster() -> Topology {
+    let a = Vendor {
+        name: "a".into(),
+        reduce: 1000e9,
+        copy: 1000e9,
+        intra: Link {
+            alpha: 3e-6,
+            bandwidth: 370e9,
+        },
+        nic: Link {
+            alpha: 8e-6,
+            bandwidth: 50e9,
+        },
+    };
+    Topology {
+        name: "cluster".into(),
+        hosts: 1,
+        per_host: 8,
+        nics: 8,
+        leaf: DEFAULT_LEAF,
+        pod: DEFAULT_POD,
+        oversub: 1.0,
+        pod_oversub: 1.0,
+        rails: true,
+        a,
+        b: None,
+        shared_memory: false,
+        local: false,
+        switches_given: false,
+        cores: 0,
+        channels: 1,
+    }
+}
+
+/// The cores of the machine the cost model's constants were measured on (2 vCPUs).
+pub const LOCAL_CORES: usize = 2;
+
+/// This host as the cost model measured it: `world` ranks over shared memory (or loopback
+/// TCP) on [`LOCAL_CORES`] cores. β and γ are the 2-rank constants (one rank per core); a
+/// rank's core both sends and reduces, and the ranks share the host's cores, so more ranks
+/// than cores slow every byte without a constant of their own. α grows with the ranks per
+/// core, linearly through the 2- and 4-rank fits (α₂ + (α₄ − α₂)·(w/cores − 1)): a message
+/// waits for its receiver's turn on a core.
+pub fn local(world: usize, shm: bool) -> Topology {
+    let two: LinkCost = cost::link_cost(Fabric::flat(2, shm, true));
+    let four: LinkCost = cost::link_cost(Fabric::flat(4, shm, true));
+    let per_core = world as f64 / LOCAL_CORES as f64;
+    let c = LinkCost {
+        alpha: two.alpha + (four.alpha - two.alpha) * (per_core - 1.0).max(0.0),
+        ..two
+    };
+    let vendor = Vendor {
+        name: "cpu".into(),
+        reduce: 1.0 / c.gamma,
+        copy: 1.0 / c.gamma,
+        intra: Link {
+            alpha: c.alpha,
+            bandwidth: 1.0 / c.beta,
+        },
+        nic: Link {
+            alpha: c.alpha,
+            bandwidth: 1.0 / c.beta,
+        },
+    };
+    Topology {
+        name: format!("local-{}", if shm { "shm" } else { "tcp" }),
+        hosts: 1,
+        per_host: world,
+        nics: 1,
+        leaf: 0,
+        pod: 0,
+        oversub: 1.0,
+        pod_oversub: 1.0,
+        rails: false,
+        a: vendor,
+        b: None,
+        shared_memory: shm,
+        local: true,
+        switches_given: true,
+        cores: LOCAL_CORES,
+        // BCL's default: shm one ring per peer, TCP two connections per peer.
+        channels: if shm { 1 } else { 2 },
+    }
+}
+
+fn number(key: &str, value: &str) -> Result<f64, String> {
+    let v: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("topology: {key}={value} is not a number"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!(
+            "topology: {key}={value} must be finite and not negative"
+        ));
+    }
+    Ok(v)
+}
+
+fn positive(key: &str, value: &str) -> Result<f64, String> {
+    let v = number(key, value)?;
+    if v == 0.0 {
+        return Err(format!("topology: {key}={value} must be above 0"));
+    }
+    Ok(v)
+}
+
+fn count(key: &str, value: &str) -> Result<usize, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("topology: {key}={value} is not a whole number"))
+}
+
+/// `GBPS[@US]` → a link (the latency kept from `old` when not given).
+fn link(key: &str, value: &str, old: Link) -> Result<Link, String> {
+    let (bw, lat) = match value.split_once('@') {
+        Some((b, l)) => (b, Some(l)),
+        None => (value, None),
+    };
+    Ok(Link {
+        bandwidth: positive(key, bw)? * 1e9,
+        alpha: match lat {
+            Some(l) => number(key, l)? * 1e-6,
+            None => old.alpha,
+        },
+    })
+}
+
+impl Topology {
+    /// Parse a spec for `world` ranks: `local`, `cluster` (the default when the first word is
+    /// a key), then keys that change it. A spec naming an existing file is read from it.
+    pub fn parse(spec: &str, world: usize) -> Result<Topology, String> {
+        let text = if std::path::Path::new(spec).is_file() {
+            std::fs::read_to_string(spec).map_err(|e| format!("topology file {spec}: {e}"))?
+        } else {
+            spec.to_string()
+        };
+        let words: Vec<String> = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or(""))
+            .flat_map(|l| l.split(','))
+            .map(|w| w.trim().to_string())
+            .filter(|w| !w.is_empty())
+            .collect();
+        let mut it = words.iter().peekable();
+        let base = match it.peek().map(|w| w.as_str()) {
+            Some("local") => {
+                it.next();
+                "local"
+            }
+            Some("cluster") => {
+                it.next();
+                "cluster"
+            }
+            _ => "cluster",
+        };
+        let rest: Vec<(String, String)> = it
+            .map(|w| {
+                w.split_once('=')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .ok_or_else(|| format!("topology: '{w}' is not key=value"))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut t = if base == "local" {
+            let shm = match rest.iter().find(|(k, _)| k == "transport") {
+                Some((_, v)) if v == "shm" => true,
+                Some((_, v)) if v == "tcp" => false,
+                Some((_, v)) => {
+                    return Err(format!("topology: transport={v} (local: shm or tcp)"));
+                }
+                None => true,
+            };
+            local(world, shm)
+        } else {
+            default_cluster()
+        };
+        let mut b: Option<(f64, Vendor)> = None;
+        for (k, v) in &rest {
+            let (k, v) = (k.as_str(), v.as_str());
+            match k {
+                "transport" if base == "local" => {}
+                "per-host" => t.per_host = count(k, v)?,
+                "intra" => t.a.intra = link(k, v, t.a.intra)?,
+                "reduce" => t.a.reduce = positive(k, v)? * 1e9,
+                "copy" => t.a.copy = positive(k, v)? * 1e9,
+                "nic" => {
+                    let (n, l) = v
+                        .split_once('x')
+                        .ok_or_else(|| format!("topology: nic={v} is not COUNTxGBPS[@US]"))?;
+                    t.nics = count(k, n)?;
+                    t.a.nic = link(k, l, t.a.nic)?;
+                }
+                "leaf" => {
+                    t.leaf = count(k, v)?;
+                    t.switches_given = true;
+                }
+                "pod" => {
+                    t.pod = count(k, v)?;
+                    t.switches_given = true;
+                }
+                "oversub" => t.oversub = positive(k, v)?,
+                "pod-oversub" => t.pod_oversub = positive(k, v)?,
+                "rails" => t.rails = count(k, v)? != 0,
+                "channels" => t.channels = count(k, v)?.max(1),
+                "cores" => t.cores = count(k, v)?,
+                "b-share" | "b-reduce" | "b-copy" | "b-intra" | "b-nic" => {
+                    let (share, vendor) = b.get_or_insert_with(|| {
+                        (
+                            0.5,
+                            Vendor {
+                                name: "b".into(),
+                                ..t.a.clone()
+                            },
+                        )
+                    });
+                    match k {
+                        "b-share" => {
+                            *share = number(k, v)?;
+                            if *share > 1.0 {
+                                return Err(format!("topology: b-share={v} is above 1"));
+                            }
+                        }
+                        "b-reduce" => vendor.reduce = positive(k, v)? * 1e9,
+                        "b-copy" => vendor.copy = positive(k, v)? * 1e9,
+                        "b-intra" => vendor.intra = link(k, v, vendor.intra)?,
+                        _ => vendor.nic = link(k, v, vendor.nic)?,
+                    }
+                }
+                other => return Err(format!("topology: unknown key '{other}'")),
+            }
+        }
+        t.b = b;
+        t.name = if words.is_empty() {
+            "cluster".into()
+        } else {
+            words.join(",")
+        };
+        t.fit(world)?;
+        Ok(t)
+    }
+
+    /// Size the host count for `world` ranks.
+    pub fn fit(&mut self, world: usize) -> Result<(), String> {
+        if world == 0 {
+            return Err("a world of 0 ranks".into());
+        }
+        if self.per_host == 0 || self.nics == 0 {
+            return Err("topology: per-host and the NIC count must be at least 1".into());
+        }
+        if self.local {
+            self.per_host = world;
+        }
+        if !world.is_multiple_of(self.per_host) {
+            return Err(format!(
+                "{world} ranks do not fill hosts of {} (per-host=...)",
+                self.per_host
+            ));
+        }
+        self.hosts = world / self.per_host;
+        if !self.switches_given {
+            // Leaves and pods filled evenly: the largest divisor of the hosts up to the
+            // default leaf size, then of the leaves up to the default pod size.
+            let divisor =
+                |n: usize, most: usize| (1..=most.min(n)).rev().find(|d| n.is_multiple_of(*d));
+            self.leaf = divisor(self.hosts, DEFAULT_LEAF).unwrap_or(1);
+            self.pod = divisor(self.hosts / self.leaf, DEFAULT_POD).unwrap_or(1);
+        }
+        Ok(())
+    }
+
+    pub fn world(&self) -> usize {
+        self.hosts * self.per_host
+    }
+
+    /// Whether host `h` is of the second vendor (spread evenly: host h is when
+    /// ⌊(h+1)·F⌋ > ⌊h·F⌋).
+    pub fn is_b(&self, h: usize) -> bool {
+        self.b
+            .as_ref()
+            .is_some_and(|(f, _)| ((h + 1) as f64 * f).floor() > (h as f64 * f).floor())
+    }
+
+    pub fn vendor(&self, h: usize) -> &Vendor {
+        match &self.b {
+            Some((_, v)) if self.is_b(h) => v,
+            _ => &self.a,
+        }
+    }
+
+    /// The period, in hosts, after which the vendor pattern repeats (1 with one vendor).
+    pub fn vendor_period(&self) -> usize {
+        let Some((f, _)) = &self.b else { return 1 };
+        (1..=self.hosts)
+            .find(|&p| {
+                self.hosts.is_multiple_of(p)
+                    && (0..self.hosts).all(|h| self.is_b(h) == self.is_b(h % p))
+            })
+            .unwrap_or(self.hosts)
+            .max(if *f > 0.0 && *f < 1.0 { 2 } else { 1 })
+            .min(self.hosts)
+    }
+
+    /// What BCL's selector is told about this cluster (as `Communicator::init` builds it).
+    pub fn fabric(&self) -> Fabric {
+        let mixed = self
+            .b
+            .as_ref()
+            .is_some_and(|(f, v)| *f > 0.0 && (v.reduce != self.a.reduce || v.copy != self.a.copy));
+        Fabric {
+            world: self.world(),
+            all_shared_memory: self.shared_memory,
+            one_host: self.hosts == 1,
+            hosts: self.hosts,
+            largest_host: self.per_host,
+            shm_inside_hosts: self.shared_memory || self.hosts > 1,
+            mixed_speeds: mixed,
+            nics_per_host: self.nics,
+        }
+    }
+
+    /// One line for the table's header.
+    pub fn describe(&self) -> String {
+        let gb = |b: f64| b / 1e9;
+        let mut s = format!(
+            "{} hosts × {} ranks; inside a host {:.1} GB/s per rank, {:.1} µs; reduce {:.1} GB/s",
+            self.hosts,
+            self.per_host,
+            gb(self.a.intra.bandwidth),
+            self.a.intra.alpha * 1e6,
+            gb(self.a.reduce)
+        );
+        if self.hosts > 1 {
+            s += &format!(
+                "; {} NICs × {:.1} GB/s, {:.1} µs; leaf {} hosts (oversub {}), pod {} leaves (oversub {}){}",
+                self.nics,
+                gb(self.a.nic.bandwidth),
+                self.a.nic.alpha * 1e6,
+                self.leaf,
+                self.oversub,
+                self.pod,
+                self.pod_oversub,
+                if self.rails { ", rail-optimised" } else { "" }
+            );
+        }
+        if let Some((f, v)) = &self.b {
+            s += &format!(
+                "; {:.0}% of hosts vendor b: reduce {:.1} GB/s, inside {:.1} GB/s, NIC {:.1} GB/s",
+                f * 100.0,
+                gb(v.reduce),
+                gb(v.intra.bandwidth),
+                gb(v.nic.bandwidth)
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_name_the_key() {
+        let t = Topology::parse("cluster,per-host=4,nic=2x25@5,leaf=8", 64).expect("parses");
+        assert_eq!((t.hosts, t.per_host, t.nics, t.leaf), (16, 4, 2, 8));
+        assert_eq!(t.a.nic.bandwidth, 25e9);
+        assert!((t.a.nic.alpha - 5e-6).abs() < 1e-12);
+        let l = Topology::parse("local,transport=tcp", 4).expect("parses");
+        assert_eq!((l.hosts, l.per_host, l.shared_memory), (1, 4, false));
+        for (bad, names) in [
+            ("cluster,nic=8", "nic=8"),
+            ("cluster,reduce=-1", "reduce=-1"),
+            ("cluster,reduce=inf", "reduce=inf"),
+            ("cluster,speed=3", "speed"),
+            ("cluster,per-host=3", "hosts of 3"),
+            ("cluster,b-share=2", "b-share=2"),
+        ] {
+            let e = Topology::parse(bad, 64).expect_err(bad);
+            assert!(e.contains(names), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_second_vendor_is_spread_evenly() {
+        let t = Topology::parse("cluster,b-share=0.5,b-reduce=100", 64).expect("parses");
+        let b: Vec<bool> = (0..t.hosts).map(|h| t.is_b(h)).collect();
+        assert_eq!(b.iter().filter(|x| **x).count(), 4);
+        assert!(b.windows(2).all(|w| w[0] != w[1]), "{b:?}");
+        assert_eq!(t.vendor_period(), 2);
+        assert!(t.fabric().mixed_speeds);
+        let q = Topology::parse("cluster,b-share=0.25", 64).expect("parses");
+        assert_eq!((0..q.hosts).filter(|&h| q.is_b(h)).count(), 2);
+        assert_eq!(q.vendor_period(), 4);
+    }
+}

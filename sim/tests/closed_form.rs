@@ -1,0 +1,65 @@
+//! The simulator against numbers it does not compute itself: the cost model's closed form
+//! for an uncongested ring (one message per step), and symmetric runs against exact ones.
+
+use bcl_core::ReduceOp;
+use bcl_core::schedule::{Algorithm, Collective};
+use bcl_sim::engine::{Case, simulate};
+use bcl_sim::topology::Topology;
+
+fn case(algorithm: Algorithm, count: usize, slice_elems: usize) -> Case {
+    Case {
+        collective: Collective::AllReduce { op: ReduceOp::Sum },
+        sendrecv: false,
+        algorithm,
+        count,
+        elem_bytes: 4,
+        in_place: false,
+        slice_elems,
+    }
+}
+
+#[test]
+fn an_unsliced_ring_on_devices_takes_the_closed_form() {
+    // Devices with their own engines (cores=0): 2(p−1)(α + cβ) + (p−1)cγ.
+    for p in [2usize, 3, 4, 6] {
+        let t = Topology::parse("cluster,per-host=1,nic=1x10@20,reduce=5", p).expect("spec");
+        let count = 1 << 20;
+        let out = simulate(&t, &case(Algorithm::Ring, count, count), t.hosts).expect("runs");
+        let c = (count / p) as f64 * 4.0;
+        let (alpha, beta, gamma) = (20e-6, 1.0 / 10e9, 1.0 / 5e9);
+        let pf = (p - 1) as f64;
+        let want = 2.0 * pf * (alpha + c * beta) + pf * c * gamma;
+        let err = (out.seconds - want).abs() / want;
+        assert!(
+            err < 0.01,
+            "p={p}: simulated {} s, closed form {want} s",
+            out.seconds
+        );
+    }
+}
+
+#[test]
+fn a_symmetric_run_of_a_ring_equals_the_exact_run() {
+    let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 64).expect("spec");
+    for algorithm in [Algorithm::Ring, Algorithm::HierRing] {
+        let c = case(algorithm, 1 << 22, 1 << 17);
+        let exact = simulate(&t, &c, t.hosts).expect("exact");
+        let sym = simulate(&t, &c, 4).expect("symmetric");
+        assert!(sym.simulated_ranks < exact.simulated_ranks);
+        let err = (sym.seconds - exact.seconds).abs() / exact.seconds;
+        assert!(
+            err < 1e-6,
+            "{algorithm:?}: {} vs {}",
+            sym.seconds,
+            exact.seconds
+        );
+    }
+}
+
+#[test]
+fn plans_that_are_not_symmetric_are_refused() {
+    // Recursive doubling on 6 hosts: the pairing step breaks the symmetry.
+    let t = Topology::parse("cluster,per-host=2,nic=2x25@5,leaf=0", 12).expect("spec");
+    let e = simulate(&t, &case(Algorithm::HierDoubling, 1 << 10, 1 << 10), 2).expect_err("refused");
+    assert!(e.contains("not symmetric"), "{e}");
+}

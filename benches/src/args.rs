@@ -19,6 +19,27 @@ pub enum CollectiveName {
     Sendrecv,
 }
 
+impl CollectiveName {
+    /// Whether it reduces (its rows name a reduce op).
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
+        )
+    }
+
+    /// Whether it has a root (its rows name it).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            CollectiveName::Broadcast
+                | CollectiveName::Reduce
+                | CollectiveName::Gather
+                | CollectiveName::Scatter
+        )
+    }
+}
+
 /// Benchmark BCL collectives the way nccl-tests benchmarks NCCL.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "bcl-bench", version)]
@@ -99,6 +120,26 @@ pub struct Args {
     pub worker_rank: Option<usize>,
     #[arg(long, hide = true)]
     pub unique_id: Option<String>,
+}
+
+/// The sizes from `min` to `max`, each `factor` times the last (bcl-bench's and bcl-sim's
+/// `-b -e -f`).
+pub fn sweep_sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut s = min;
+    while s <= max {
+        sizes.push(s);
+        if factor <= 1 || s == 0 {
+            break;
+        }
+        // A size past usize::MAX ends the sweep (it once wrapped around: -e near the
+        // maximum with -f 3 grew the list until memory ran out).
+        match s.checked_mul(factor) {
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    sizes
 }
 
 /// "8", "1K", "64M", "1G" → bytes.
@@ -227,21 +268,7 @@ impl Args {
 
     /// Message sizes of the sweep.
     pub fn sizes(&self) -> Vec<usize> {
-        let mut sizes = Vec::new();
-        let mut s = self.min_bytes;
-        while s <= self.max_bytes {
-            sizes.push(s);
-            if self.step_factor <= 1 || s == 0 {
-                break;
-            }
-            // A size past usize::MAX ends the sweep (it once wrapped around: -e near the
-            // maximum with -f 3 grew the list until memory ran out).
-            match s.checked_mul(self.step_factor) {
-                Some(next) => s = next,
-                None => break,
-            }
-        }
-        sizes
+        sweep_sizes(self.min_bytes, self.max_bytes, self.step_factor)
     }
 }
 

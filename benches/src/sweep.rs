@@ -106,17 +106,7 @@ fn row(
     bytes: usize,
 ) -> Result<Vec<Measurement>> {
     let n = comm.world_size();
-    let reduces = matches!(
-        args.collective,
-        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
-    );
-    let rooted = matches!(
-        args.collective,
-        CollectiveName::Broadcast
-            | CollectiveName::Reduce
-            | CollectiveName::Gather
-            | CollectiveName::Scatter
-    );
+    let (reduces, rooted) = (args.collective.reduces(), args.collective.rooted());
     let c = collective_of(args.collective, op, args.root, comm.rank(), n);
     let count = count_for(c, bytes, dtype.size(), n);
     let mut pair = Vec::new();
@@ -176,11 +166,11 @@ pub fn run(comm: &Communicator, args: &Args, print: bool) -> Result<Vec<Measurem
         Vendor::Cpu => Placement::Host,
         _ => Placement::Device,
     };
-    let reduces = matches!(
-        args.collective,
-        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
-    );
-    let ops = if reduces { ops } else { vec![ReduceOp::Sum] };
+    let ops = if args.collective.reduces() {
+        ops
+    } else {
+        vec![ReduceOp::Sum]
+    };
     let mut all = Vec::new();
     // The survivors' communicator once `--recover` has repaired it.
     let mut shrunk: Option<Communicator> = None;

@@ -1,6 +1,6 @@
 //! `bcl-sim`'s command line: `bcl-bench`'s collectives and flags, plus the cluster.
 
-use bcl_bench::args::{CollectiveName, parse_size};
+use bcl_bench::args::{CollectiveName, parse_size, sweep_sizes};
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -55,15 +55,6 @@ pub struct Args {
 
 impl Args {
     pub fn sizes(&self) -> Vec<usize> {
-        let mut sizes = Vec::new();
-        let mut s = self.min_bytes;
-        while s <= self.max_bytes {
-            sizes.push(s);
-            match s.checked_mul(self.step_factor) {
-                Some(next) if self.step_factor > 1 && s > 0 => s = next,
-                _ => break,
-            }
-        }
-        sizes
+        sweep_sizes(self.min_bytes, self.max_bytes, self.step_factor)
     }
 }

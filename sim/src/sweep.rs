@@ -67,27 +67,16 @@ pub fn run(
         a => Some(a.parse()?),
     };
     let group = group(args, topo);
-    let reduces = matches!(
-        args.collective,
-        CollectiveName::Allreduce | CollectiveName::Reducescatter | CollectiveName::Reduce
-    );
-    let rooted = matches!(
-        args.collective,
-        CollectiveName::Broadcast
-            | CollectiveName::Reduce
-            | CollectiveName::Gather
-            | CollectiveName::Scatter
-    );
+    let (reduces, rooted) = (args.collective.reduces(), args.collective.rooted());
     print(&format!("# bcl-sim: {n} ranks, {}", topo.describe()));
     print(&format!(
-        "# simulated: {} of {n} ranks ({}){}",
+        "# simulated: {} of {n} ranks ({})",
         group * topo.per_host,
         if group == topo.hosts {
             "every rank"
         } else {
             "one group of hosts stands for all"
-        },
-        ""
+        }
     ));
     print(&table::header());
     let mut all = Vec::new();

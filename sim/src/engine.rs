@@ -83,14 +83,15 @@ pub fn layout(topo: &Topology, rank: usize) -> Result<Layout, String> {
     Ok(layout)
 }
 
-/// The plan `rank` runs for `case`.
-pub fn plan_of(topo: &Topology, case: &Case, rank: usize) -> Result<Plan, String> {
-    let layout = layout(topo, rank)?;
+/// The plan `rank` runs for `case`, with `layout` (every rank's, from [`layout`]) turned to it.
+pub fn plan_of(layout: &mut Layout, case: &Case, rank: usize) -> Result<Plan, String> {
+    layout.set_rank(rank)?;
+    let layout = &*layout;
     let build = |c: Collective| {
         build_plan(
             c,
             case.algorithm,
-            &layout,
+            layout,
             case.count,
             case.in_place,
             case.slice_elems,
@@ -99,7 +100,7 @@ pub fn plan_of(topo: &Topology, case: &Case, rank: usize) -> Result<Plan, String
     if !case.sendrecv {
         return Ok(build(case.collective));
     }
-    let n = topo.world();
+    let n = layout.world();
     let mut plan = build(Collective::Send {
         peer: (rank + 1) % n,
     });
@@ -148,9 +149,10 @@ pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, S
         others: HashMap::new(),
         steps: 0,
         channels: HashMap::new(),
+        layout: layout(topo, 0)?,
     };
     for r in 0..span {
-        let plan = plan_of(topo, case, r)?;
+        let plan = plan_of(&mut e.layout, case, r)?;
         let waiting: Vec<usize> = plan.steps.iter().map(|s| s.deps.len()).collect();
         for (i, w) in waiting.iter().enumerate() {
             if *w == 0 {
@@ -201,6 +203,8 @@ struct Engine<'a> {
     steps: u64,
     /// Per (sender, receiver): sends in flight, and those waiting their turn.
     channels: HashMap<(usize, usize), (usize, VecDeque<Queued>)>,
+    /// Every rank's layout, turned to the rank whose plan is built.
+    layout: Layout,
 }
 
 impl Engine<'_> {
@@ -428,7 +432,7 @@ impl Engine<'_> {
         len: usize,
     ) -> Result<u32, String> {
         if !self.others.contains_key(&image) {
-            let plan = plan_of(self.topo, self.case, image)?;
+            let plan = plan_of(&mut self.layout, self.case, image)?;
             self.others.insert(image, plan);
         }
         let plan = &self.others[&image];

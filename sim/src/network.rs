@@ -168,11 +168,16 @@ impl Network {
         let planes = if t.rails { t.nics } else { 1 };
         let (ps, pd) = if t.rails { (ks, kd) } else { (0, 0) };
         let leaf = leaf_size(t);
-        if hs / leaf != hd / leaf || ps != pd {
+        // An uplink no more oversubscribed than 1:1 carries at most what the NICs under it
+        // send, so it never binds: left out, rates are the same and flows stay in small
+        // components of the flow model (which keeps 10k-rank runs fast).
+        if (hs / leaf != hd / leaf || ps != pd) && t.oversub > 1.0 {
             resources.push((self.leaf_up[(gs / leaf) * planes + ps], 1.0));
             resources.push((self.leaf_down[(gd / leaf) * planes + pd], 1.0));
+        }
+        if hs / leaf != hd / leaf || ps != pd {
             let pod = pod_size(t);
-            if hs / pod != hd / pod {
+            if hs / pod != hd / pod && t.oversub * t.pod_oversub > 1.0 {
                 resources.push((self.pod_up[(gs / pod) * planes + ps], 1.0));
                 resources.push((self.pod_down[(gd / pod) * planes + pd], 1.0));
             }
@@ -205,7 +210,8 @@ mod tests {
 
     #[test]
     fn paths_climb_only_as_far_as_they_must() {
-        let t = Topology::parse("cluster,per-host=2,nic=2x10@5,leaf=2,pod=2", 16).expect("spec");
+        let t = Topology::parse("cluster,per-host=2,nic=2x10@5,leaf=2,pod=2,oversub=2", 16)
+            .expect("spec");
         let net = Network::new(&t, t.hosts);
         // Same host: the two ports.
         assert_eq!(net.path(0, 1).resources.len(), 2);
@@ -218,5 +224,9 @@ mod tests {
         // Hosts 0 and 4: another pod.
         assert_eq!(net.path(0, 8).resources.len(), 6);
         assert!((net.path(0, 8).alpha - 5e-6).abs() < 1e-12);
+        // Without oversubscription the uplinks cannot bind and are left out.
+        let flat = Topology::parse("cluster,per-host=2,nic=2x10@5,leaf=2,pod=2", 16).expect("spec");
+        let net = Network::new(&flat, flat.hosts);
+        assert_eq!(net.path(0, 8).resources.len(), 2);
     }
 }

@@ -443,6 +443,19 @@ impl Layout {
         })
     }
 
+    /// The same layout seen from `rank` (a simulator builds every rank's plan from one
+    /// layout instead of one per rank).
+    pub fn set_rank(&mut self, rank: usize) -> Result<(), String> {
+        if rank >= self.world() {
+            return Err(format!(
+                "rank {rank} is outside a world of {}",
+                self.world()
+            ));
+        }
+        self.rank = rank;
+        Ok(())
+    }
+
     /// The identity ring 0, 1, ..., world-1.
     pub fn linear(rank: usize, world: usize) -> Self {
         Layout {

@@ -17,11 +17,12 @@
 //! plan and checks that its step is the same send (same step index, same size), so plans
 //! that are not symmetric are refused rather than simulated wrongly.
 
+use crate::fast_hash::FastMap;
 use crate::network::Network;
 use crate::topology::Topology;
 use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, build_plan};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 
 /// One simulated call.
 #[derive(Clone, Debug)]
@@ -141,14 +142,14 @@ pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, S
         now: 0.0,
         runs: Vec::with_capacity(span),
         ready: Vec::new(),
-        mailbox: HashMap::new(),
-        pending: HashMap::new(),
+        mailbox: FastMap::default(),
+        pending: FastMap::default(),
         jobs: Vec::new(),
         timers: BinaryHeap::new(),
         seq: 0,
-        others: HashMap::new(),
+        others: FastMap::default(),
         steps: 0,
-        channels: HashMap::new(),
+        channels: FastMap::default(),
         layout: layout(topo, 0)?,
     };
     for r in 0..span {
@@ -192,17 +193,17 @@ struct Engine<'a> {
     runs: Vec<RankRun>,
     ready: Vec<(usize, usize)>,
     /// Messages delivered and not yet received, per (from, to, tag).
-    mailbox: HashMap<(usize, usize, u32), u32>,
+    mailbox: FastMap<(usize, usize, u32), u32>,
     /// Receives waiting for their message, per (from, to, tag), in the order they became ready.
-    pending: HashMap<(usize, usize, u32), VecDeque<(usize, usize)>>,
+    pending: FastMap<(usize, usize, u32), VecDeque<(usize, usize)>>,
     jobs: Vec<Option<Job>>,
     timers: BinaryHeap<Timer>,
     seq: u64,
     /// Plans of ranks outside the group that send into it (symmetric runs).
-    others: HashMap<usize, Plan>,
+    others: FastMap<usize, Plan>,
     steps: u64,
     /// Per (sender, receiver): sends in flight, and those waiting their turn.
-    channels: HashMap<(usize, usize), (usize, VecDeque<Queued>)>,
+    channels: FastMap<(usize, usize), (usize, VecDeque<Queued>)>,
     /// Every rank's layout, turned to the rank whose plan is built.
     layout: Layout,
 }

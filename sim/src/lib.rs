@@ -14,6 +14,7 @@
 
 pub mod args;
 pub mod engine;
+pub mod fast_hash;
 pub mod flows;
 pub mod network;
 pub mod sweep;

@@ -4,6 +4,8 @@
 //! of memory kind, element size and transport. Each step lists the steps it must wait for;
 //! everything else may run in any order and overlap (several slices in flight per peer).
 
+use std::collections::BTreeMap;
+
 /// The buffers a plan refers to. The executor binds them to memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BufferId {
@@ -85,8 +87,18 @@ pub struct Plan {
 #[derive(Debug, Default)]
 pub struct PlanBuilder {
     plan: Plan,
-    /// (region, step, writes) of every step so far.
-    touched: Vec<(Region, usize, bool)>,
+    /// Every access so far, per buffer.
+    touched: BTreeMap<BufferId, Touched>,
+}
+
+/// The accesses to one buffer: (len, step, writes) by offset, and the longest len, so that
+/// the accesses overlapping a region are found among those starting at most that far before
+/// it (plans of thousands of steps, as a 1024-rank ring's, would otherwise cost a scan of
+/// every earlier access per step).
+#[derive(Debug, Default)]
+struct Touched {
+    by_offset: BTreeMap<usize, Vec<(usize, usize, bool)>>,
+    longest: usize,
 }
 
 impl PlanBuilder {
@@ -124,18 +136,35 @@ impl PlanBuilder {
         };
         let mut deps = after.to_vec();
         for (region, writes) in &accesses {
-            for (r, step, w) in &self.touched {
-                if (*writes || *w) && region.overlaps(r) && !deps.contains(step) {
-                    deps.push(*step);
+            let Some(t) = self.touched.get(&region.buffer) else {
+                continue;
+            };
+            // An earlier access [o, o + l) overlaps [a, a + len) when o < a + len and
+            // o + l > a, so o > a - longest.
+            let (a, end) = (region.offset, region.offset + region.len);
+            let from = (a + 1).saturating_sub(t.longest);
+            if from >= end {
+                continue;
+            }
+            for (&o, list) in t.by_offset.range(from..end) {
+                for &(l, step, w) in list {
+                    if (*writes || w) && o + l > a && !deps.contains(&step) {
+                        deps.push(step);
+                    }
                 }
             }
         }
         // Only the latest conflicting access is needed when accesses to a region are
-        // chained, but keeping all is simple and plans are small.
+        // chained, but keeping all is simple.
         deps.sort_unstable();
         for (region, writes) in accesses {
             if region.len > 0 {
-                self.touched.push((region, index, writes));
+                let t = self.touched.entry(region.buffer).or_default();
+                t.longest = t.longest.max(region.len);
+                t.by_offset
+                    .entry(region.offset)
+                    .or_default()
+                    .push((region.len, index, writes));
             }
         }
         self.plan.steps.push(Step { action, deps });

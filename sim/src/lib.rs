@@ -10,10 +10,15 @@
 //!               sweep ──► bcl-bench's table and JSON rows, marked simulated
 //! ```
 //!
+//! `ettr` models effective training time under failures (restart from checkpoint against
+//! BCL's in-place recovery), from the detection and recovery figures measured elsewhere.
+//!
 //! Everything here is sans-IO and deterministic: no clock, thread or socket.
 
 pub mod args;
 pub mod engine;
+pub mod ettr;
+pub mod ettr_report;
 pub mod fast_hash;
 pub mod flows;
 pub mod network;

@@ -1,9 +1,24 @@
 use bcl_sim::args::Args;
+use bcl_sim::ettr_report::EttrArgs;
 use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("ettr") {
+        let args = EttrArgs::parse_from(&argv[1..]);
+        return match bcl_sim::ettr_report::rows(&args) {
+            Ok(rows) => {
+                print!("{}", bcl_sim::ettr_report::table(&rows));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bcl-sim ettr: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::parse();
     let run = || -> Result<(), String> {
         let topo = bcl_sim::sweep::topology(&args)?;

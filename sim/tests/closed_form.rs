@@ -62,4 +62,32 @@ fn plans_that_are_not_symmetric_are_refused() {
     let t = Topology::parse("cluster,per-host=2,nic=2x25@5,leaf=0", 12).expect("spec");
     let e = simulate(&t, &case(Algorithm::HierDoubling, 1 << 10, 1 << 10), 2).expect_err("refused");
     assert!(e.contains("not symmetric"), "{e}");
+    // Halving-doubling on 8 hosts, a power of two, whose sends match by XOR but whose
+    // groups do not keep time once sliced.
+    let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 32).expect("spec");
+    for algorithm in [Algorithm::HierHalving, Algorithm::HalvingDoubling] {
+        let c = case(algorithm, 1 << 22, 1 << 17);
+        let e = simulate(&t, &c, 2).expect_err("refused");
+        assert!(e.contains("not symmetric"), "{e}");
+        assert!(simulate(&t, &c, t.hosts).is_ok());
+    }
+}
+
+#[test]
+fn symmetric_runs_of_recursive_doubling_on_a_power_of_two_equal_the_exact_run() {
+    let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 64).expect("spec");
+    for algorithm in [Algorithm::HierDoubling, Algorithm::RecursiveDoubling] {
+        let c = case(algorithm, 1 << 20, 1 << 17);
+        let exact = simulate(&t, &c, t.hosts).expect("exact");
+        for group in [1, 2, 4] {
+            let sym = simulate(&t, &c, group).expect("symmetric");
+            let err = (sym.seconds - exact.seconds).abs() / exact.seconds;
+            assert!(
+                err < 1e-6,
+                "{algorithm:?} by {group} hosts: {} vs {}",
+                sym.seconds,
+                exact.seconds
+            );
+        }
+    }
 }

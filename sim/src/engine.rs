@@ -24,6 +24,10 @@ use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, build_plan
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+/// Steps of all simulated ranks' plans at most: about 150 bytes each, so a run stays within
+/// a few GB instead of running out of memory (10k ranks of 1 GiB hier-hd would need ~20 GB).
+pub const MAX_STEPS: usize = 40_000_000;
+
 /// One simulated call.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -123,8 +127,18 @@ pub fn plan_of(layout: &mut Layout, case: &Case, rank: usize) -> Result<Plan, St
 }
 
 /// Simulate `case` on `topo`: every rank (`group` = `topo.hosts`), or the first `group`
-/// hosts' ranks standing for all (see the module's doc).
+/// hosts' ranks standing for all (see the module's doc); at most [`MAX_STEPS`] steps.
 pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, String> {
+    simulate_within(topo, case, group, MAX_STEPS)
+}
+
+/// [`simulate`], refused (before running) where the plans hold more than `max_steps` steps.
+pub fn simulate_within(
+    topo: &Topology,
+    case: &Case,
+    group: usize,
+    max_steps: usize,
+) -> Result<Outcome, String> {
     let n = topo.world();
     if group == 0 || group > topo.hosts || !topo.hosts.is_multiple_of(group) {
         return Err(format!(
@@ -169,8 +183,20 @@ pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, S
         channels: FastMap::default(),
         layout: layout(topo, 0)?,
     };
+    let mut total = 0usize;
     for r in 0..span {
         let plan = plan_of(&mut e.layout, case, r)?;
+        total += plan.steps.len();
+        if total > max_steps {
+            return Err(format!(
+                "too large to simulate: the first {} of {span} ranks' plans already hold \
+                 {total} steps (at most {max_steps}, about {} GB); simulate fewer ranks (a \
+                 symmetric algorithm such as ring or hier-ring runs one group of hosts) or \
+                 larger slices",
+                r + 1,
+                max_steps * 150 / 1_000_000_000
+            ));
+        }
         let waiting: Vec<usize> = plan.steps.iter().map(|s| s.deps.len()).collect();
         for (i, w) in waiting.iter().enumerate() {
             if *w == 0 {
@@ -455,7 +481,12 @@ impl Engine<'_> {
         }
         let plan = &self.others[&image];
         match plan.steps.get(step).map(|s| &s.action) {
-            Some(Action::Send { peer, tag, from }) if *peer == to && from.len == len => Ok(*tag),
+            // Parts of a count that does not divide evenly differ by one element.
+            Some(Action::Send { peer, tag, from })
+                if *peer == to && from.len.abs_diff(len) <= 1 =>
+            {
+                Ok(*tag)
+            }
             other => Err(format!(
                 "the plans are not symmetric by groups of {} ranks: rank {image} step {step} is {other:?}, \
                  where its stand-in in the group sends {len} elements to rank {to} (run it exactly: --group 0)",

@@ -51,7 +51,8 @@ impl Network {
         let (mut up, mut down) = (Vec::new(), Vec::new());
         for h in 0..group {
             let v = topo.vendor(h);
-            if topo.cores > 0 {
+            // This machine's namespace hosts share its cores.
+            if topo.cores > 0 && !(topo.local && h > 0) {
                 cpu.push(flows.resource(topo.cores as f64));
             }
             for _ in 0..l {
@@ -127,7 +128,7 @@ impl Network {
         let per_byte = 1.0 / if reduce { v.reduce } else { v.copy };
         let mut path = vec![(self.dev[self.res_rank(rank)], per_byte)];
         if self.topo.cores > 0 {
-            path.push((self.cpu[self.res_host(rank)], per_byte));
+            path.push((self.cpu_of(rank), per_byte));
         }
         path
     }
@@ -136,11 +137,20 @@ impl Network {
         self.res_rank(rank) / self.topo.per_host
     }
 
+    /// The cores `rank` runs on: its host's, or this machine's in the `local` model.
+    fn cpu_of(&self, rank: usize) -> ResourceId {
+        self.cpu[if self.topo.local {
+            0
+        } else {
+            self.res_host(rank)
+        }]
+    }
+
     /// Where ranks are CPU threads, the sender's core and its host's cores move the bytes.
     fn sender_cpu(&self, src: usize, bandwidth: f64, path: &mut Vec<(ResourceId, f64)>) {
         if self.topo.cores > 0 {
             path.push((self.dev[self.res_rank(src)], 1.0 / bandwidth));
-            path.push((self.cpu[self.res_host(src)], 1.0 / bandwidth));
+            path.push((self.cpu_of(src), 1.0 / bandwidth));
         }
     }
 
@@ -182,7 +192,12 @@ impl Network {
                 resources.push((self.pod_down[(gd / pod) * planes + pd], 1.0));
             }
         }
-        self.sender_cpu(src, t.vendor(hs).nic.bandwidth, &mut resources);
+        let copy = if t.nic_cpu > 0.0 {
+            t.nic_cpu
+        } else {
+            t.vendor(hs).nic.bandwidth
+        };
+        self.sender_cpu(src, copy, &mut resources);
         Path {
             resources,
             alpha: t.vendor(hs).nic.alpha.max(t.vendor(hd).nic.alpha),

@@ -18,7 +18,12 @@
 //! second vendor, spread evenly, with `b-reduce`, `b-copy`, `b-intra`, `b-nic` its speeds
 //! (default: the first vendor's); `channels` messages in flight per peer; `cores` per host when ranks are CPU threads
 //! (0: devices); `transport` for
-//! `local` (shm or tcp).
+//! `local` (shm or tcp); `hosts=H` for `local`: the ranks on H network-namespace hosts of this
+//! machine (shm inside, TCP between, `nic=1xGBPS@US` the shaped veth), sharing its cores:
+//!
+//! ```text
+//! local,hosts=2,nic=1x0.25      2 namespace hosts, veths shaped to 2 Gbit/s (hier-bench.sh)
+//! ```
 
 use bcl_core::schedule::Fabric;
 use bcl_core::schedule::cost::{self, LinkCost};
@@ -66,8 +71,13 @@ pub struct Topology {
     pub b: Option<(f64, Vendor)>,
     /// Every link inside a host is shared memory (the `local` model over shm).
     pub shared_memory: bool,
-    /// This host's model: one host of every rank.
+    /// This machine's model: its ranks on `local_hosts` hosts (network namespaces joined by
+    /// shaped veths, or one host), every host sharing the machine's cores.
     pub local: bool,
+    pub local_hosts: usize,
+    /// Bytes per second a core moves over the transport between hosts (TCP's copy, where
+    /// the wire is shaped slower); 0: the NIC's speed.
+    pub nic_cpu: f64,
     /// `leaf` and `pod` were given (else [`Topology::fit`] sizes them to the hosts).
     pub switches_given: bool,
     /// Ranks are CPU threads on this many cores per host (0: devices with their own copy
@@ -116,6 +126,8 @@ pub fn default_cluster() -> Topology {
         b: None,
         shared_memory: false,
         local: false,
+        local_hosts: 1,
+        nic_cpu: 0.0,
         switches_given: false,
         cores: 0,
         channels: 1,
@@ -152,6 +164,17 @@ pub fn local(world: usize, shm: bool) -> Topology {
             bandwidth: 1.0 / c.beta,
         },
     };
+    // Between namespace hosts: TCP, its α scaled like the rest, its copy at TCP's β.
+    let tcp2: LinkCost = cost::link_cost(Fabric::flat(2, false, true));
+    let tcp4: LinkCost = cost::link_cost(Fabric::flat(4, false, true));
+    let tcp_alpha = tcp2.alpha + (tcp4.alpha - tcp2.alpha) * (per_core - 1.0).max(0.0);
+    let vendor = Vendor {
+        nic: Link {
+            alpha: tcp_alpha,
+            bandwidth: 1.0 / tcp2.beta,
+        },
+        ..vendor
+    };
     Topology {
         name: format!("local-{}", if shm { "shm" } else { "tcp" }),
         hosts: 1,
@@ -166,6 +189,8 @@ pub fn local(world: usize, shm: bool) -> Topology {
         b: None,
         shared_memory: shm,
         local: true,
+        local_hosts: 1,
+        nic_cpu: 1.0 / tcp2.beta,
         switches_given: true,
         cores: LOCAL_CORES,
         // BCL's default: shm one ring per peer, TCP two connections per peer.
@@ -269,6 +294,10 @@ impl Topology {
             let (k, v) = (k.as_str(), v.as_str());
             match k {
                 "transport" if base == "local" => {}
+                "hosts" if base == "local" => {
+                    t.local_hosts = count(k, v)?.max(1);
+                    t.shared_memory = false;
+                }
                 "per-host" => t.per_host = count(k, v)?,
                 "intra" => t.a.intra = link(k, v, t.a.intra)?,
                 "reduce" => t.a.reduce = positive(k, v)? * 1e9,
@@ -338,7 +367,13 @@ impl Topology {
             return Err("topology: per-host and the NIC count must be at least 1".into());
         }
         if self.local {
-            self.per_host = world;
+            if !world.is_multiple_of(self.local_hosts) {
+                return Err(format!(
+                    "{world} ranks do not fill {} hosts (hosts=...)",
+                    self.local_hosts
+                ));
+            }
+            self.per_host = world / self.local_hosts;
         }
         if !world.is_multiple_of(self.per_host) {
             return Err(format!(
@@ -448,6 +483,18 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespace_hosts_split_this_machines_ranks() {
+        let t = Topology::parse("local,hosts=2,nic=1x0.25", 8).expect("parses");
+        assert_eq!((t.hosts, t.per_host), (2, 4));
+        assert!((t.a.nic.bandwidth - 0.25e9).abs() < 1.0);
+        // The core's cost of a TCP byte stays TCP's, not the shaped wire's.
+        assert!(t.nic_cpu > 1e9, "{}", t.nic_cpu);
+        assert!(!t.fabric().one_host && t.fabric().shm_inside_hosts);
+        let e = Topology::parse("local,hosts=3", 8).expect_err("8 ranks on 3 hosts");
+        assert!(e.contains("3 hosts"), "{e}");
+    }
 
     #[test]
     fn specs_parse_and_bad_ones_name_the_key() {

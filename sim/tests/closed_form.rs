@@ -3,7 +3,7 @@
 
 use bcl_core::ReduceOp;
 use bcl_core::schedule::{Algorithm, Collective};
-use bcl_sim::engine::{Case, simulate};
+use bcl_sim::engine::{Case, simulate, simulate_within};
 use bcl_sim::topology::Topology;
 
 fn case(algorithm: Algorithm, count: usize, slice_elems: usize) -> Case {
@@ -90,4 +90,16 @@ fn symmetric_runs_of_recursive_doubling_on_a_power_of_two_equal_the_exact_run() 
             );
         }
     }
+}
+
+#[test]
+fn a_run_too_large_for_memory_is_refused_before_it_starts() {
+    let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 64).expect("spec");
+    let c = case(Algorithm::Ring, 1 << 22, 1 << 10);
+    let e = simulate_within(&t, &c, t.hosts, 10_000).expect_err("refused");
+    assert!(
+        e.contains("too large to simulate") && e.contains("10000"),
+        "{e}"
+    );
+    assert!(simulate_within(&t, &c, t.hosts, usize::MAX).is_ok());
 }

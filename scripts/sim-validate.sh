@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# bcl-sim against bcl-bench on this machine: allreduce on 2, 4 and 8 local ranks over shm and
+# over TCP (rounds interleaved: every configuration once per round, so the VM's fast and slow
+# states fall on all alike), then on 2 network-namespace hosts x 4 ranks joined by veths
+# shaped with tc (scripts/hier-bench.sh, ring and hier-ring interleaved), each against
+# bcl-sim with the cost model's constants (`local`, `local,transport=tcp`) and, between the
+# namespace hosts, the shaped link's goodput measured here first (a 2-host sendrecv).
+#
+#   scripts/sim-validate.sh [ROUNDS] [RATE]         # default 5 rounds, 2gbit
+#
+# Needs root (namespaces, tc) for the last part; NETNS=0 skips it. OUT (default
+# /tmp/sim-validate) gets every run's JSON, table.md (measured median, range, simulated,
+# error) and plot.svg (bcl-bench plot: measured and simulated side by side).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+rate=${2:-2gbit}
+out=${OUT:-/tmp/sim-validate}
+rm -rf "$out" && mkdir -p "$out"
+cargo build --release --locked -q -p bcl-bench -p bcl-sim
+bench=target/release/bcl-bench
+sim=target/release/bcl-sim
+sizes="-b 64K -e 32M -f 8"
+
+for round in $(seq 1 "$rounds"); do
+    for transport in shm tcp; do
+        for n in 2 4 8; do
+            timeout 600 "$bench" allreduce --nranks "$n" --transport "$transport" $sizes -n 10 -w 3 -c 0 \
+                --json "$out/bench-$transport-$n-r$round.json" >/dev/null
+        done
+    done
+    echo "round $round of $rounds done"
+done
+for transport in shm tcp; do
+    for n in 2 4 8; do
+        "$sim" allreduce --nranks "$n" --topology "local,transport=$transport" $sizes \
+            --json "$out/sim-$transport-$n.json" >/dev/null
+    done
+done
+
+if [ "${NETNS:-1}" != 0 ]; then
+    # The shaped link's goodput: one rank per host, sendrecv of 16 MiB (busbw = bytes/s).
+    OUT="$out/link" ITERS=5 COLL=sendrecv scripts/hier-bench.sh 2 1 3 "ring" "-b 16M -e 16M" "$rate" >/dev/null
+    goodput=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['busbw_gbs'])" "$out/link/median-ring.json")
+    echo "shaped link: $goodput GB/s goodput"
+    OUT="$out/netns" ITERS=5 scripts/hier-bench.sh 2 4 "$rounds" "ring hier-ring" "-b 64K -e 16M -f 4" "$rate" >/dev/null
+    for algo in ring hier-ring; do
+        "$sim" allreduce --nranks 8 --topology "local,hosts=2,nic=1x$goodput" -b 64K -e 16M -f 4 \
+            --algo "$algo" --json "$out/sim-netns-$algo.json" >/dev/null
+    done
+fi
+
+python3 - "$out" "$rounds" <<'PY'
+import glob, json, os, statistics, sys
+out, rounds = sys.argv[1], sys.argv[2]
+def load(path):
+    return [json.loads(l) for l in open(path)]
+cases = []  # (label, measured rows per round, simulated rows, series file for the plot)
+for t in ("shm", "tcp"):
+    for n in (2, 4, 8):
+        runs = [load(p) for p in sorted(glob.glob(f"{out}/bench-{t}-{n}-r*.json"))]
+        cases.append((f"{t}, {n} ranks", runs, load(f"{out}/sim-{t}-{n}.json")))
+for algo in ("ring", "hier-ring"):
+    med = f"{out}/netns/median-{algo}.json"
+    if os.path.exists(med):
+        runs = [load(p) for p in sorted(glob.glob(f"{out}/netns/{algo}-r*.json"))]
+        cases.append((f"2 namespace hosts x 4, {algo}", runs, load(f"{out}/sim-netns-{algo}.json")))
+lines = ["| configuration | size | measured µs: median (range) | simulated µs | simulated vs median |",
+         "|---|---|---|---|---|"]
+worst = 0.0
+for label, runs, simulated in cases:
+    sim = {r["size_bytes"]: r["time_us"] for r in simulated if not r["in_place"]}
+    series = []
+    for size in sorted(sim):
+        got = [r["time_us"] for run in runs for r in run if r["size_bytes"] == size and not r["in_place"]]
+        wrong = [r["wrong"] for run in runs for r in run if r["size_bytes"] == size]
+        assert got and not any(wrong), f"{label} {size}: no clean measurement"
+        m = statistics.median(got)
+        err = sim[size] / m - 1
+        worst = max(worst, abs(err))
+        lines.append(f"| {label} | {size} | {m:.1f} ({min(got):.1f}-{max(got):.1f}) | {sim[size]:.1f} | {100*err:+.1f}% |")
+        base = next(r for run in runs for r in run if r["size_bytes"] == size and not r["in_place"])
+        series.append(dict(base, time_us=m, busbw_gbs=base["busbw_gbs"] * base["time_us"] / m))
+    tag = label.replace(", ", "-").replace(" ", "_")
+    with open(f"{out}/measured-{tag}.json", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in series)
+lines.append(f"\nWorst |simulated/measured - 1|: {100*worst:.1f}% (medians of {rounds} interleaved rounds)")
+text = "\n".join(lines) + "\n"
+open(f"{out}/table.md", "w").write(text)
+print(text)
+PY
+files=()
+for f in "$out"/measured-*.json "$out"/sim-*.json; do files+=("$f"); done
+"$bench" plot "${files[@]}" -o "$out/plot.svg" --title "bcl-sim against bcl-bench (allreduce, out of place)"
+echo "plot: $out/plot.svg"

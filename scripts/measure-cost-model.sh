@@ -47,7 +47,8 @@ for ((r = 0; r < rounds; r++)); do
 done
 python3 - "$out" "$transport" <<'PY'
 import glob, json, os, statistics, sys
-import numpy as np
+sys.path.insert(0, "scripts/lib")
+from cost_fit import coefficients, fit
 out, transport = sys.argv[1], sys.argv[2]
 times = {}
 for f in glob.glob(f"{out}/{transport}-*-r*.json"):
@@ -57,34 +58,6 @@ for f in glob.glob(f"{out}/{transport}-*-r*.json"):
         if o["in_place"]:
             continue
         times.setdefault((int(n), algo, o["size_bytes"]), []).append(o["time_us"] * 1e-6)
-
-def coefficients(p, algo, size):
-    if algo == "ring":
-        c = size / p
-        return 2 * (p - 1), 2 * (p - 1) * c, (p - 1) * c
-    q = 1 << (p.bit_length() - 1)
-    k = q.bit_length() - 1
-    if algo == "hd":
-        share = (q - 1) / q
-        a, b, g = 2 * k, 2 * share * size, share * size
-    else:
-        a, b, g = k, k * size, k * size
-    if q != p:
-        a, b, g = a + 2, b + 2 * size, g + size
-    return a, b, g
-
-def fit(keys, med, gamma=None):
-    """Least squares on relative error; gamma fixed when given."""
-    rows, rhs = [], []
-    for k in keys:
-        a, b, g = coefficients(*k)
-        t = med[k]
-        if gamma is None:
-            rows.append([a / t, b / t, g / t]); rhs.append(1.0)
-        else:
-            rows.append([a / t, b / t]); rhs.append(1.0 - g * gamma / t)
-    sol, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
-    return list(sol) + ([] if gamma is None else [gamma])
 
 med = {k: statistics.median(v) for k, v in times.items()}
 worlds = sorted({k[0] for k in med})

@@ -7,6 +7,8 @@
 #
 # Vendor b: devices reducing and copying at half speed (500 GB/s) with half the bandwidth
 # inside a host (185 GB/s per rank); "b, slower NICs" also halves its NICs (8 x 25 GB/s).
+# An allreduce moves every host's whole share, so a mixed cluster can at best keep the pace
+# of its slower vendor's homogeneous cluster: the loss is given against that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-1G}
@@ -20,11 +22,12 @@ declare -A spec=(
   [a]="cluster"
   [b]="cluster,b-share=1,$b"
   [mixed]="cluster,b-share=0.5,$b"
+  [b-nic]="cluster,b-share=1,$b,b-nic=25@8"
   [mixed-nic]="cluster,b-share=0.5,$b,b-nic=25@8"
 )
 for n in 1024 10000; do
   for algo in ring hier-ring; do
-    for k in a b mixed mixed-nic; do
+    for k in a b mixed b-nic mixed-nic; do
       # 1024 ranks: one leaf of hosts stands for all (ring and hier-ring are symmetric).
       group=()
       [ "$n" = 1024 ] && group=(--group 32)
@@ -40,11 +43,11 @@ out = sys.argv[1]
 def t(n, algo, k):
     rows = [json.loads(l) for l in open(os.path.join(out, f"{n}-{algo}-{k}.json"))]
     return next(r["time_us"] for r in rows if not r["in_place"])
-print("| chips | algorithm | all a (ms) | all b (ms) | mixed (ms) | mixed, b with slower NICs (ms) | mixed vs all a | mixed vs all b | mixed-nic vs all b |")
+print("| chips | algorithm | all a (ms) | all b (ms) | mixed (ms) | mixed vs the slower (all b) | all b, slower NICs (ms) | mixed, b with slower NICs (ms) | mixed vs the slower |")
 print("|---|---|---|---|---|---|---|---|---|")
 for n in (1024, 10000):
     for algo in ("ring", "hier-ring"):
-        a, b, m, mn = (t(n, algo, k) for k in ("a", "b", "mixed", "mixed-nic"))
-        print(f"| {n} | {algo} | {a/1e3:.2f} | {b/1e3:.2f} | {m/1e3:.2f} | {mn/1e3:.2f} | "
-              f"{100*(m/a-1):+.1f}% | {100*(m/b-1):+.1f}% | {100*(mn/b-1):+.1f}% |")
+        a, b, m, bn, mn = (t(n, algo, k) for k in ("a", "b", "mixed", "b-nic", "mixed-nic"))
+        print(f"| {n} | {algo} | {a/1e3:.2f} | {b/1e3:.2f} | {m/1e3:.2f} | {100*(m/max(a, b)-1):+.1f}% | "
+              f"{bn/1e3:.2f} | {mn/1e3:.2f} | {100*(mn/max(a, bn)-1):+.1f}% |")
 PY

@@ -3,8 +3,11 @@
 # over TCP (rounds interleaved: every configuration once per round, so the VM's fast and slow
 # states fall on all alike), then on 2 network-namespace hosts x 4 ranks joined by veths
 # shaped with tc (scripts/hier-bench.sh, ring and hier-ring interleaved), each against
-# bcl-sim with the cost model's constants (`local`, `local,transport=tcp`) and, between the
-# namespace hosts, the shaped link's goodput measured here first (a 2-host sendrecv).
+# bcl-sim calibrated from this machine's constants measured in the same rounds: each round
+# also runs the cost model's fitting runs (scripts/measure-cost-model.sh's: ring and recursive
+# doubling on 2 and 4 ranks, 8 B to 4 MiB) over shm and TCP, fitted as that script does
+# (scripts/lib/cost_fit.py) into alpha (2 and 4 ranks), beta and gamma per transport; between
+# the namespace hosts, the shaped link's goodput measured first (a 2-host sendrecv).
 #
 #   scripts/sim-validate.sh [ROUNDS] [RATE]         # default 5 rounds, 2gbit
 #
@@ -24,6 +27,12 @@ sizes="-b 64K -e 32M -f 8"
 
 for round in $(seq 1 "$rounds"); do
     for transport in shm tcp; do
+        for n in 2 4; do
+            for algo in ring rd; do
+                timeout 600 "$bench" allreduce --nranks "$n" --transport "$transport" --algo "$algo" \
+                    -b 8 -e 4M -f 4 -n 30 -w 5 -c 0 --json "$out/cal-$transport-$n-$algo-r$round.json" >/dev/null
+            done
+        done
         for n in 2 4 8; do
             timeout 600 "$bench" allreduce --nranks "$n" --transport "$transport" $sizes -n 10 -w 3 -c 0 \
                 --json "$out/bench-$transport-$n-r$round.json" >/dev/null
@@ -31,10 +40,38 @@ for round in $(seq 1 "$rounds"); do
     done
     echo "round $round of $rounds done"
 done
+# The constants, as scripts/measure-cost-model.sh fits them: gamma from the 2-rank runs, then
+# alpha and beta per rank count with gamma fixed.
+python3 - "$out" <<'PY'
+import glob, json, statistics, sys
+sys.path.insert(0, "scripts/lib")
+from cost_fit import fit
+out = sys.argv[1]
+keys = {}
+for t in ("shm", "tcp"):
+    times = {}
+    for f in glob.glob(f"{out}/cal-{t}-*-r*.json"):
+        n, algo = f.split("/")[-1].split("-")[2:4]
+        for line in open(f):
+            o = json.loads(line)
+            if not o["in_place"]:
+                times.setdefault((int(n), algo, o["size_bytes"]), []).append(o["time_us"] * 1e-6)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    _, _, gamma = fit(sorted(k for k in med if k[0] == 2), med)
+    a2, b2, _ = fit(sorted(k for k in med if k[0] == 2), med, gamma)
+    a4, _, _ = fit(sorted(k for k in med if k[0] == 4), med, gamma)
+    keys[t] = dict(alpha2=a2 * 1e6, alpha4=a4 * 1e6, beta=1 / b2 / 1e9, gamma=1 / gamma / 1e9)
+    print(f"# {t}: alpha 2 ranks {a2*1e6:.1f} us, 4 ranks {a4*1e6:.1f} us; 1/beta {1/b2/1e9:.2f} GB/s; 1/gamma {1/gamma/1e9:.2f} GB/s")
+for t in ("shm", "tcp"):
+    open(f"{out}/cal-{t}.spec", "w").write(",".join(f"{k}={v:.4g}" for k, v in keys[t].items()))
+tcp = keys["tcp"]
+open(f"{out}/cal-tcp-between.spec", "w").write(
+    f"tcp-alpha2={tcp['alpha2']:.4g},tcp-alpha4={tcp['alpha4']:.4g},tcp-beta={tcp['beta']:.4g}")
+PY
 for transport in shm tcp; do
     for n in 2 4 8; do
-        "$sim" allreduce --nranks "$n" --topology "local,transport=$transport" $sizes \
-            --json "$out/sim-$transport-$n.json" >/dev/null
+        "$sim" allreduce --nranks "$n" --topology "local,transport=$transport,$(cat "$out/cal-$transport.spec")" \
+            $sizes --json "$out/sim-$transport-$n.json" >/dev/null
     done
 done
 
@@ -45,7 +82,8 @@ if [ "${NETNS:-1}" != 0 ]; then
     echo "shaped link: $goodput GB/s goodput"
     OUT="$out/netns" ITERS=5 scripts/hier-bench.sh 2 4 "$rounds" "ring hier-ring" "-b 64K -e 16M -f 4" "$rate" >/dev/null
     for algo in ring hier-ring; do
-        "$sim" allreduce --nranks 8 --topology "local,hosts=2,nic=1x$goodput" -b 64K -e 16M -f 4 \
+        "$sim" allreduce --nranks 8 -b 64K -e 16M -f 4 \
+            --topology "local,hosts=2,nic=1x$goodput,$(cat "$out/cal-shm.spec"),$(cat "$out/cal-tcp-between.spec")" \
             --algo "$algo" --json "$out/sim-netns-$algo.json" >/dev/null
     done
 fi

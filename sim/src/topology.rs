@@ -24,6 +24,10 @@
 //! ```text
 //! local,hosts=2,nic=1x0.25      2 namespace hosts, veths shaped to 2 Gbit/s (hier-bench.sh)
 //! ```
+//!
+//! and, for `local`, constants measured alongside instead of the cost model's
+//! ([`Calibration`]): `alpha2`, `alpha4` (µs), `beta`, `gamma` (GB/s), `tcp-alpha2`,
+//! `tcp-alpha4`, `tcp-beta`.
 
 use bcl_core::schedule::Fabric;
 use bcl_core::schedule::cost::{self, LinkCost};
@@ -144,8 +148,61 @@ pub const LOCAL_CORES: usize = 2;
 /// core, linearly through the 2- and 4-rank fits (α₂ + (α₄ − α₂)·(w/cores − 1)): a message
 /// waits for its receiver's turn on a core.
 pub fn local(world: usize, shm: bool) -> Topology {
-    let two: LinkCost = cost::link_cost(Fabric::flat(2, shm, true));
-    let four: LinkCost = cost::link_cost(Fabric::flat(4, shm, true));
+    local_calibrated(world, shm, &Calibration::cost_model(shm))
+}
+
+/// The constants of the `local` model: the 2- and 4-rank costs of the ranks' transport and of
+/// TCP (between namespace hosts). The cost model's by default; `alpha2`, `alpha4` (µs),
+/// `beta`, `gamma` (GB/s) and `tcp-alpha2`, `tcp-alpha4`, `tcp-beta` replace them with
+/// figures measured alongside (scripts/sim-validate.sh).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    pub two: LinkCost,
+    pub four: LinkCost,
+    pub tcp_two: LinkCost,
+    pub tcp_four: LinkCost,
+}
+
+impl Calibration {
+    pub fn cost_model(shm: bool) -> Self {
+        Calibration {
+            two: cost::link_cost(Fabric::flat(2, shm, true)),
+            four: cost::link_cost(Fabric::flat(4, shm, true)),
+            tcp_two: cost::link_cost(Fabric::flat(2, false, true)),
+            tcp_four: cost::link_cost(Fabric::flat(4, false, true)),
+        }
+    }
+
+    /// Apply one `key=value` if it is a calibration key (Ok(false) if not).
+    fn set(&mut self, key: &str, value: &str) -> Result<bool, String> {
+        let us = |v: &str| positive(key, v).map(|x| x * 1e-6);
+        let per_gb = |v: &str| positive(key, v).map(|x| 1.0 / (x * 1e9));
+        match key {
+            "alpha2" => self.two.alpha = us(value)?,
+            "alpha4" => self.four.alpha = us(value)?,
+            "beta" => {
+                self.two.beta = per_gb(value)?;
+                self.four.beta = self.two.beta;
+            }
+            "gamma" => {
+                self.two.gamma = per_gb(value)?;
+                self.four.gamma = self.two.gamma;
+            }
+            "tcp-alpha2" => self.tcp_two.alpha = us(value)?,
+            "tcp-alpha4" => self.tcp_four.alpha = us(value)?,
+            "tcp-beta" => {
+                self.tcp_two.beta = per_gb(value)?;
+                self.tcp_four.beta = self.tcp_two.beta;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// [`local`] with the given constants.
+pub fn local_calibrated(world: usize, shm: bool, cal: &Calibration) -> Topology {
+    let (two, four) = (cal.two, cal.four);
     let per_core = world as f64 / LOCAL_CORES as f64;
     let c = LinkCost {
         alpha: two.alpha + (four.alpha - two.alpha) * (per_core - 1.0).max(0.0),
@@ -165,8 +222,7 @@ pub fn local(world: usize, shm: bool) -> Topology {
         },
     };
     // Between namespace hosts: TCP, its α scaled like the rest, its copy at TCP's β.
-    let tcp2: LinkCost = cost::link_cost(Fabric::flat(2, false, true));
-    let tcp4: LinkCost = cost::link_cost(Fabric::flat(4, false, true));
+    let (tcp2, tcp4) = (cal.tcp_two, cal.tcp_four);
     let tcp_alpha = tcp2.alpha + (tcp4.alpha - tcp2.alpha) * (per_core - 1.0).max(0.0);
     let vendor = Vendor {
         nic: Link {
@@ -285,7 +341,11 @@ impl Topology {
                 }
                 None => true,
             };
-            local(world, shm)
+            let mut cal = Calibration::cost_model(shm);
+            for (k, v) in &rest {
+                cal.set(k, v)?;
+            }
+            local_calibrated(world, shm, &cal)
         } else {
             default_cluster()
         };
@@ -293,7 +353,9 @@ impl Topology {
         for (k, v) in &rest {
             let (k, v) = (k.as_str(), v.as_str());
             match k {
-                "transport" if base == "local" => {}
+                "transport" | "alpha2" | "alpha4" | "beta" | "gamma" | "tcp-alpha2"
+                | "tcp-alpha4" | "tcp-beta"
+                    if base == "local" => {}
                 "hosts" if base == "local" => {
                     t.local_hosts = count(k, v)?.max(1);
                     t.shared_memory = false;
@@ -483,6 +545,20 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measured_constants_replace_the_cost_models() {
+        let t = Topology::parse("local,alpha2=10,alpha4=30,beta=2,gamma=4", 4).expect("parses");
+        // 4 ranks on 2 cores: α through the 2- and 4-rank figures at 2 ranks per core.
+        assert!((t.a.intra.alpha - 30e-6).abs() < 1e-12, "{}", t.a.intra.alpha);
+        assert!((t.a.intra.bandwidth - 2e9).abs() < 1.0);
+        assert!((t.a.reduce - 4e9).abs() < 1.0);
+        for bad in ["local,beta=0", "local,alpha2=-1", "local,gamma=x"] {
+            let e = Topology::parse(bad, 2).expect_err(bad);
+            let key = bad.trim_start_matches("local,").split('=').next().unwrap_or("");
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn namespace_hosts_split_this_machines_ranks() {

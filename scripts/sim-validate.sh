@@ -19,13 +19,16 @@ cd "$(dirname "$0")/.."
 rounds=${1:-5}
 rate=${2:-2gbit}
 out=${OUT:-/tmp/sim-validate}
-rm -rf "$out" && mkdir -p "$out"
+# REUSE=1: keep OUT's runs (recompute the fit, the simulations and the table).
+[ "${REUSE:-0}" = 1 ] || rm -rf "$out"
+mkdir -p "$out"
 cargo build --release --locked -q -p bcl-bench -p bcl-sim
 bench=target/release/bcl-bench
 sim=target/release/bcl-sim
 sizes="-b 64K -e 32M -f 8"
 
 for round in $(seq 1 "$rounds"); do
+    [ "${REUSE:-0}" = 1 ] && break
     for transport in shm tcp; do
         for n in 2 4; do
             for algo in ring rd; do
@@ -40,12 +43,16 @@ for round in $(seq 1 "$rounds"); do
     done
     echo "round $round of $rounds done"
 done
-# The constants, as scripts/measure-cost-model.sh fits them: gamma from the 2-rank runs, then
-# alpha and beta per rank count with gamma fixed.
-python3 - "$out" <<'PY'
-import glob, json, statistics, sys
+# The constants: gamma held at cost.rs's (GAMMA_SHM_GBS, GAMMA_TCP_GBS), as
+# scripts/measure-cost-model.sh holds it between hosts: on this noisy VM the three-way fit of
+# 2 ranks put gamma below zero (ring and doubling differ in it by half the reduced bytes
+# only). Then, per rank count, alpha from the sizes to 2 KiB and beta from 128 KiB up with
+# that alpha (that script's hosts class): one line through 8 B-4 MiB weighted by relative
+# error follows the small sizes and was 2x fast at 4 MiB here.
+GAMMA_SHM_GBS=${GAMMA_SHM_GBS:-6.24} GAMMA_TCP_GBS=${GAMMA_TCP_GBS:-4.97} python3 - "$out" <<'PY'
+import glob, json, os, statistics, sys
 sys.path.insert(0, "scripts/lib")
-from cost_fit import fit
+from cost_fit import coefficients, fit
 out = sys.argv[1]
 keys = {}
 for t in ("shm", "tcp"):
@@ -57,11 +64,20 @@ for t in ("shm", "tcp"):
             if not o["in_place"]:
                 times.setdefault((int(n), algo, o["size_bytes"]), []).append(o["time_us"] * 1e-6)
     med = {k: statistics.median(v) for k, v in times.items()}
-    _, _, gamma = fit(sorted(k for k in med if k[0] == 2), med)
-    a2, b2, _ = fit(sorted(k for k in med if k[0] == 2), med, gamma)
-    a4, _, _ = fit(sorted(k for k in med if k[0] == 4), med, gamma)
+    gamma = 1 / float(os.environ[f"GAMMA_{t.upper()}_GBS"]) / 1e9
+
+    def constants(world):
+        keys = sorted(k for k in med if k[0] == world)
+        a, _, _ = fit([k for k in keys if k[2] <= 2048], med, gamma)
+        b = statistics.median((med[k] - coefficients(*k)[0] * a - coefficients(*k)[2] * gamma)
+                              / coefficients(*k)[1] for k in keys if k[2] >= 131072)
+        return a, b
+
+    a2, b2 = constants(2)
+    a4, _ = constants(4)
+    assert a2 > 0 and a4 > 0 and b2 > 0, f"{t}: the fit is not physical: {a2} {a4} {b2}"
     keys[t] = dict(alpha2=a2 * 1e6, alpha4=a4 * 1e6, beta=1 / b2 / 1e9, gamma=1 / gamma / 1e9)
-    print(f"# {t}: alpha 2 ranks {a2*1e6:.1f} us, 4 ranks {a4*1e6:.1f} us; 1/beta {1/b2/1e9:.2f} GB/s; 1/gamma {1/gamma/1e9:.2f} GB/s")
+    print(f"# {t}: alpha 2 ranks {a2*1e6:.1f} us, 4 ranks {a4*1e6:.1f} us; 1/beta {1/b2/1e9:.2f} GB/s; 1/gamma {1/gamma/1e9:.2f} GB/s (held)")
 for t in ("shm", "tcp"):
     open(f"{out}/cal-{t}.spec", "w").write(",".join(f"{k}={v:.4g}" for k, v in keys[t].items()))
 tcp = keys["tcp"]
@@ -75,12 +91,14 @@ for transport in shm tcp; do
     done
 done
 
-if [ "${NETNS:-1}" != 0 ]; then
+if [ "${NETNS:-1}" != 0 ] && ! { [ "${REUSE:-0}" = 1 ] && [ -f "$out/netns/median-ring.json" ]; }; then
     # The shaped link's goodput: one rank per host, sendrecv of 16 MiB (busbw = bytes/s).
     OUT="$out/link" ITERS=5 COLL=sendrecv scripts/hier-bench.sh 2 1 3 "ring" "-b 16M -e 16M" "$rate" >/dev/null
+    OUT="$out/netns" ITERS=5 scripts/hier-bench.sh 2 4 "$rounds" "ring hier-ring" "-b 64K -e 16M -f 4" "$rate" >/dev/null
+fi
+if [ -f "$out/link/median-ring.json" ]; then
     goodput=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['busbw_gbs'])" "$out/link/median-ring.json")
     echo "shaped link: $goodput GB/s goodput"
-    OUT="$out/netns" ITERS=5 scripts/hier-bench.sh 2 4 "$rounds" "ring hier-ring" "-b 64K -e 16M -f 4" "$rate" >/dev/null
     for algo in ring hier-ring; do
         "$sim" allreduce --nranks 8 -b 64K -e 16M -f 4 \
             --topology "local,hosts=2,nic=1x$goodput,$(cat "$out/cal-shm.spec"),$(cat "$out/cal-tcp-between.spec")" \
@@ -122,12 +140,14 @@ for label, runs, simulated in cases:
     tag = label.replace(", ", "-").replace(" ", "_")
     with open(f"{out}/measured-{tag}.json", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in series)
+    with open(f"{out}/simulated-{tag}.json", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in simulated if not r["in_place"])
 lines.append(f"\nWorst |simulated/measured - 1|: {100*worst:.1f}% (medians of {rounds} interleaved rounds)")
 text = "\n".join(lines) + "\n"
 open(f"{out}/table.md", "w").write(text)
 print(text)
 PY
 files=()
-for f in "$out"/measured-*.json "$out"/sim-*.json; do files+=("$f"); done
+for f in "$out"/measured-*.json "$out"/simulated-*.json; do files+=("$f"); done
 "$bench" plot "${files[@]}" -o "$out/plot.svg" --title "bcl-sim against bcl-bench (allreduce, out of place)"
 echo "plot: $out/plot.svg"

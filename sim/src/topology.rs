@@ -550,12 +550,20 @@ mod tests {
     fn measured_constants_replace_the_cost_models() {
         let t = Topology::parse("local,alpha2=10,alpha4=30,beta=2,gamma=4", 4).expect("parses");
         // 4 ranks on 2 cores: α through the 2- and 4-rank figures at 2 ranks per core.
-        assert!((t.a.intra.alpha - 30e-6).abs() < 1e-12, "{}", t.a.intra.alpha);
+        assert!(
+            (t.a.intra.alpha - 30e-6).abs() < 1e-12,
+            "{}",
+            t.a.intra.alpha
+        );
         assert!((t.a.intra.bandwidth - 2e9).abs() < 1.0);
         assert!((t.a.reduce - 4e9).abs() < 1.0);
         for bad in ["local,beta=0", "local,alpha2=-1", "local,gamma=x"] {
             let e = Topology::parse(bad, 2).expect_err(bad);
-            let key = bad.trim_start_matches("local,").split('=').next().unwrap_or("");
+            let key = bad
+                .trim_start_matches("local,")
+                .split('=')
+                .next()
+                .unwrap_or("");
             assert!(e.contains(key), "{bad}: {e}");
         }
     }

@@ -224,7 +224,7 @@ mod tests {
         let buffers = [BufferId::Input, BufferId::Output, BufferId::Scratch];
         let mut steps = Vec::new();
         for _ in 0..400 {
-            let mut region = |next: &mut dyn FnMut(usize) -> usize| {
+            let region = |next: &mut dyn FnMut(usize) -> usize| {
                 let len = match next(4) {
                     0 => 0,
                     1 => next(200),

@@ -34,4 +34,6 @@ pub mod transport;
 
 pub use auth::Secret;
 pub use error::TransportError;
-pub use transport::{Capabilities, Landing, MemoryKind, PeerAddress, Received, Tag, Transport};
+pub use transport::{
+    Capabilities, Collected, Landing, Lines, MemoryKind, PeerAddress, Received, Tag, Transport,
+};

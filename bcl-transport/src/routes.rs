@@ -277,6 +277,16 @@ impl Transport for Routes {
     fn peer_lost(&self, peer: usize) -> bool {
         self.parts[self.index(peer)].peer_lost(peer)
     }
+
+    /// The lines of the part every routed peer goes to; none when they go to several.
+    fn lines(&mut self) -> Option<&mut dyn crate::transport::Lines> {
+        let mut routed = self.route.iter().flatten();
+        let first = *routed.next()?;
+        if routed.any(|&i| i != first) {
+            return None;
+        }
+        self.parts[first].lines()
+    }
 }
 
 #[cfg(test)]

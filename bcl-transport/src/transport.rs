@@ -217,4 +217,60 @@ pub trait Transport: Send + fmt::Debug {
     /// Whether the link to `peer` is gone (closed, reset, or dropped) with nothing it sent
     /// left unread: waiting for it is pointless.
     fn peer_lost(&self, peer: usize) -> bool;
+
+    /// The small-message lines to every peer, where this transport has them (shm).
+    fn lines(&mut self) -> Option<&mut dyn Lines> {
+        None
+    }
+}
+
+/// What [`Lines::collect`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collected {
+    /// The whole payload has arrived and is in `out`.
+    Complete,
+    /// Not all of it yet.
+    Partial,
+    /// The peer's post of this number has another check: it runs another operation. The
+    /// first line's bytes (at most 56) are at the start of `out`.
+    Foreign(u64),
+}
+
+/// Small messages that travel with their arrival flag in one cache line (NCCL's LL protocol
+/// on host memory), beside a transport's ordinary messages. A post is one payload per peer
+/// under a stamp: the post's number in the upper 32 bits (consecutive, the same on every
+/// rank), a check of what the operation is in the lower 32 (never 0 as a whole).
+///
+/// Each peer's lines hold two posts, alternating by the number's parity, with no
+/// acknowledgement: a rank may make post `s` only once every peer it posts to has finished
+/// collecting `s - 2` from it. Posting only for operations in which every rank posts and
+/// collects from every other gives that for free (a rank that has collected everyone's `s - 1`
+/// knows that each of them had finished `s - 2`): all-reduce and barrier, not broadcast, and
+/// operations of other kinds in between do not count.
+pub trait Lines {
+    /// The largest payload of one post.
+    fn max_payload(&self) -> usize;
+
+    /// Whether `peer` has lines to this rank (the same host).
+    fn reaches(&self, peer: usize) -> bool;
+
+    /// Post `payload` to `peer` under `stamp`, waking it if it sleeps.
+    fn post(&mut self, peer: usize, stamp: u64, payload: &[u8]) -> Result<(), TransportError>;
+
+    /// Copy `peer`'s post `stamp` into `out` (its length is the payload's) once all of it
+    /// has arrived.
+    fn collect(
+        &mut self,
+        peer: usize,
+        stamp: u64,
+        out: &mut [u8],
+    ) -> Result<Collected, TransportError>;
+
+    /// Sleep until one of the `awaited` posts (peer, stamp, payload length) may have arrived
+    /// or a peer has died, at most `timeout`.
+    fn sleep(
+        &mut self,
+        awaited: &[(usize, u64, usize)],
+        timeout: Duration,
+    ) -> Result<(), TransportError>;
 }

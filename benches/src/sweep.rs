@@ -141,6 +141,7 @@ fn row(
             algorithm: match args.collective {
                 // Point to point: no collective algorithm runs.
                 CollectiveName::Sendrecv => "p2p".into(),
+                _ if comm.uses_lines(c, count * dtype.size()) => "ll".into(),
                 _ => comm.algorithm_for(c, count * dtype.size()).name().into(),
             },
         });

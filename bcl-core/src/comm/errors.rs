@@ -4,7 +4,7 @@
 
 use super::Shared;
 use crate::error::Error;
-use crate::exec::{ExecError, Executor};
+use crate::exec::ExecError;
 use crate::health::{Cause, Verdict};
 use crate::peers::{PeerLabel, label_of};
 use crate::signature::Signature;
@@ -20,11 +20,11 @@ pub(super) fn device_error(shared: &Shared, source: DeviceError) -> Error {
     }
 }
 
-/// The error of an operation that ran out of time: whom it waited for, and what the health
-/// layer found out about them.
+/// The error of an operation that ran out of time: whom it waited for (data from, room to send
+/// to), and what the health layer found out about them.
 pub(super) fn timeout_error(
     shared: &Shared,
-    exec: &Executor<'_>,
+    (receives, sends): (Vec<usize>, Vec<usize>),
     op: Signature,
     started: Instant,
 ) -> Error {
@@ -35,7 +35,6 @@ pub(super) fn timeout_error(
             .join(", ")
     };
     let mut waiting = Vec::new();
-    let (receives, sends) = (exec.waiting_on(), exec.blocked_sends());
     if !receives.is_empty() {
         waiting.push(format!("data from {}", label(&receives)));
     }

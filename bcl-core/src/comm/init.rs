@@ -4,6 +4,7 @@
 
 use super::checks::check_rank;
 use super::device::progress_loop;
+use super::lines;
 use super::op::Engine;
 use super::wait::polling;
 use super::{Communicator, Lineage, Shared};
@@ -470,7 +471,7 @@ pub(super) fn finish(
         .cloned()
         .ok_or_else(|| Error::Internal(format!("rank {rank} is not among {world} records")))?;
     let custom_transport = matches!(endpoint, links::Endpoint::Single(_, LinkKind::Custom(_)));
-    let (transport, links) = endpoint.connect(&config, &me, &peers, started, deadline)?;
+    let (mut transport, links) = endpoint.connect(&config, &me, &peers, started, deadline)?;
     let (hosts, ring) = hosts_and_ring(&peers, config.topology.as_ref())?;
     let layout = Layout::new(rank, ring)
         .and_then(|l| l.with_hosts(hosts))
@@ -500,6 +501,7 @@ pub(super) fn finish(
             nics_per_host: nics_per_host(layout.hosts(), &peers),
         },
         polling: polling(config.spin, local_ranks),
+        lines_bytes: lines::capacity(transport.as_mut(), &peers, config.lines_bytes),
         config,
         peers,
         links,

@@ -26,6 +26,7 @@ mod grow;
 mod host;
 mod host_async;
 mod init;
+mod lines;
 mod op;
 mod shrink;
 mod split;
@@ -77,6 +78,8 @@ struct Shared {
     op_timeout_ms: AtomicU64,
     /// How to poll before sleeping when nothing moves.
     polling: Polling,
+    /// The largest all-reduce that takes the lines (`lines.rs`); 0: none does.
+    lines_bytes: usize,
     /// The executor's clock (the wall clock; tests of the executor pass a virtual one).
     clock: WallClock,
     /// What communicators split, shrunk or grown from this one derive theirs from.
@@ -200,6 +203,15 @@ impl Communicator {
         (self.shared.config.algorithm)
             .unwrap_or_else(|| crate::schedule::select(collective, bytes, self.shared.fabric))
             .for_collective(collective)
+    }
+
+    /// Whether a host call of `collective` over `bytes` travels over shared-memory lines
+    /// (an all-reduce or barrier of at most [`CommConfig::lines_bytes`] among ranks of one
+    /// host) instead of [`Communicator::algorithm_for`]'s plan.
+    ///
+    /// [`CommConfig::lines_bytes`]: crate::CommConfig::lines_bytes
+    pub fn uses_lines(&self, collective: Collective, bytes: usize) -> bool {
+        lines::taken(&self.shared, collective, bytes)
     }
 
     /// The first fault that poisoned this communicator, if any: an error of this rank's, or

@@ -9,10 +9,11 @@
 
 use super::Shared;
 use super::errors::{device_error, exec_error, fault_error};
-use super::wait::Waiter;
+use super::lines::{self, LineScratch};
+use super::wait::{SLEEP, Waiter};
 use crate::error::Result;
 use crate::exec::{
-    Bindings, Clock, ExecScratch, Executor, Measurements, Memory, OpContext, tag_base,
+    Bindings, Clock, ExecError, ExecScratch, Executor, Measurements, Memory, OpContext, tag_base,
 };
 use crate::schedule::{
     Algorithm, AllToAllCounts, Collective, Plan, build_plan, build_plan_v, connections_per_peer,
@@ -46,6 +47,8 @@ pub(super) struct Engine {
     device_scratch: Option<DeviceBuffer>,
     /// The executor's vectors, reused from operation to operation.
     exec_scratch: ExecScratch,
+    /// The small-message path's buffers.
+    line_scratch: LineScratch,
 }
 
 impl Engine {
@@ -61,6 +64,7 @@ impl Engine {
             host_scratch: Vec::new(),
             device_scratch: None,
             exec_scratch: ExecScratch::default(),
+            line_scratch: LineScratch::default(),
         }
     }
 }
@@ -145,7 +149,12 @@ pub(super) fn run<'a>(
         host_scratch,
         device_scratch,
         exec_scratch,
+        line_scratch,
     } = engine;
+    if takes_lines(shared, &call) {
+        let op = signature_of(sequences, &call);
+        return lines::run(shared, transport.as_mut(), line_scratch, op, bindings);
+    }
     let begun = begin(shared, sequences, plans, &call, bindings.input.is_none());
     let scratch = begun.plan.scratch_elems * call.dtype.size();
     bindings.scratch = bind_scratch(shared, &call, scratch, host_scratch, device_scratch)?;
@@ -186,15 +195,18 @@ struct Begun<'e> {
     plan: &'e Plan,
 }
 
-/// The first stage: sequence number, signature, algorithm and plan.
-fn begin<'e>(
-    shared: &Shared,
-    sequences: &mut Sequences,
-    plans: &'e mut PlanCache,
-    call: &Call,
-    in_place: bool,
-) -> Begun<'e> {
-    let signature = Signature {
+/// Whether `call` goes over the lines instead of a plan (`lines.rs`): a small host all-reduce
+/// or a barrier, every peer on this host's shared memory, no algorithm forced. The same
+/// answer on every rank for the same call.
+fn takes_lines(shared: &Shared, call: &Call) -> bool {
+    !call.on_device
+        && call.counts.is_none()
+        && lines::taken(shared, call.collective, call.count * call.dtype.size())
+}
+
+/// The next sequence number, and the signature every peer will check.
+fn signature_of(sequences: &mut Sequences, call: &Call) -> Signature {
+    Signature {
         seq: sequences.next(call.collective),
         collective: call.collective,
         // Ranks of an all-to-all with per-pair counts send different totals: its counts are
@@ -205,7 +217,18 @@ fn begin<'e>(
             call.count as u64
         },
         dtype: call.dtype,
-    };
+    }
+}
+
+/// The first stage: sequence number, signature, algorithm and plan.
+fn begin<'e>(
+    shared: &Shared,
+    sequences: &mut Sequences,
+    plans: &'e mut PlanCache,
+    call: &Call,
+    in_place: bool,
+) -> Begun<'e> {
+    let signature = signature_of(sequences, call);
     let bytes = call.count * call.dtype.size();
     let algorithm = (shared.config.algorithm)
         .unwrap_or_else(|| select(call.collective, bytes, shared.fabric))
@@ -295,7 +318,13 @@ fn drive(
             // credits) needs this rank's progress to deliver them, and an idle rank makes none.
             Ok(_) if exec.is_done() && transport.flushed() => return Ok(()),
             Ok(true) => waiter.moved(),
-            Ok(false) => waiter.idle(shared, exec, transport, signature)?,
+            Ok(false) => {
+                if waiter.idle(shared, exec, transport, signature)? {
+                    transport
+                        .wait(SLEEP)
+                        .map_err(|e| exec_error(shared, ExecError::Transport(e), signature))?;
+                }
+            }
         }
     }
 }

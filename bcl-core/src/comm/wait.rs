@@ -1,7 +1,8 @@
 //! How a rank waits inside an operation when nothing moves: it polls for a short window
-//! (yielding the core where the host runs more ranks than cores), then sleeps in the
-//! transport's `wait`; meanwhile it hands a stall longer than the hang timeout to the health
-//! layer once, gives up on a peer whose link is gone, and ends the operation at its deadline.
+//! (yielding the core where the host runs more ranks than cores), then sleeps (in the
+//! transport's `wait`, or on its lines); meanwhile it hands a stall longer than the hang
+//! timeout to the health layer once, gives up on a peer whose link is gone, and ends the
+//! operation at its deadline.
 
 use super::Shared;
 use super::errors::{exec_error, timeout_error};
@@ -18,7 +19,37 @@ use std::time::{Duration, Instant};
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(500);
 
 /// The longest single sleep: a bound on how late a fault flagged by another thread is seen.
-const SLEEP: Duration = Duration::from_millis(2);
+pub(super) const SLEEP: Duration = Duration::from_millis(2);
+
+/// What a waiting operation tells the waiter: when it last moved, whom it waits for, and
+/// whether one of them is gone.
+pub(super) trait Awaiting {
+    fn last_progress(&self) -> Instant;
+    /// The peers whose data this rank waits for.
+    fn waiting_on(&self) -> Vec<usize>;
+    /// The peers this rank cannot send to yet.
+    fn blocked_sends(&self) -> Vec<usize>;
+    /// A peer this operation still needs whose link is gone.
+    fn lost_peer(&mut self, transport: &dyn Transport) -> Option<usize>;
+}
+
+impl Awaiting for Executor<'_> {
+    fn last_progress(&self) -> Instant {
+        self.last_progress
+    }
+
+    fn waiting_on(&self) -> Vec<usize> {
+        Executor::waiting_on(self)
+    }
+
+    fn blocked_sends(&self) -> Vec<usize> {
+        Executor::blocked_sends(self)
+    }
+
+    fn lost_peer(&mut self, transport: &dyn Transport) -> Option<usize> {
+        Executor::lost_peer(self, transport)
+    }
+}
 
 /// How a waiting rank polls before it sleeps.
 #[derive(Clone, Copy, Debug)]
@@ -71,15 +102,16 @@ impl Waiter {
         self.idle = 0;
     }
 
-    /// Nothing moved in the last poll: wait as the policy says. An error ends the operation
-    /// (its deadline passed, or a peer it needs is gone).
+    /// Nothing moved in the last poll: poll again as the policy says, or answer `true`: sleep
+    /// now (at most [`SLEEP`]). An error ends the operation (its deadline passed, or a peer it
+    /// needs is gone).
     pub(super) fn idle(
         &mut self,
         shared: &Shared,
-        exec: &mut Executor<'_>,
-        transport: &mut dyn Transport,
+        exec: &mut dyn Awaiting,
+        transport: &dyn Transport,
         signature: Signature,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         // One clock read per idle round: on a VM it is a large part of a spin.
         let now = Instant::now();
         if self.idle == 0 {
@@ -87,12 +119,12 @@ impl Waiter {
         }
         self.idle += 1;
         if now >= self.deadline {
-            return Err(timeout_error(shared, exec, signature, self.started));
+            let waited = (exec.waiting_on(), exec.blocked_sends());
+            return Err(timeout_error(shared, waited, signature, self.started));
         }
-        let stalled = now.saturating_duration_since(exec.last_progress);
-        if stalled >= self.hang_timeout
-            && self.investigated.is_none_or(|at| at < exec.last_progress)
-        {
+        let last_progress = exec.last_progress();
+        let stalled = now.saturating_duration_since(last_progress);
+        if stalled >= self.hang_timeout && self.investigated.is_none_or(|at| at < last_progress) {
             self.investigated = Some(now);
             let mut peers = exec.waiting_on();
             if peers.is_empty() {
@@ -106,15 +138,13 @@ impl Waiter {
             } else {
                 std::hint::spin_loop();
             }
-            return Ok(());
+            return Ok(false);
         }
         if let Some(peer) = exec.lost_peer(transport) {
             let addr = String::from_utf8_lossy(shared.peers[peer].address.as_bytes()).into_owned();
             let lost = TransportError::PeerClosed { peer, addr };
             return Err(exec_error(shared, ExecError::Transport(lost), signature));
         }
-        transport
-            .wait(SLEEP)
-            .map_err(|e| exec_error(shared, ExecError::Transport(e), signature))
+        Ok(true)
     }
 }

@@ -95,6 +95,11 @@ pub const SLICE_BYTES: Count = Count {
     max: 1 << 30,
     unit: "bytes",
 };
+pub const LINES_BYTES: Count = Count {
+    min: 0,
+    max: 1 << 20,
+    unit: "bytes",
+};
 pub const RECORDER_OPS: Count = Count {
     min: 1,
     max: 1 << 20,

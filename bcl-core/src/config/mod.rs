@@ -168,7 +168,15 @@ pub struct CommConfig {
     /// How the hierarchical allreduce sizes each rank's share. Every rank must be given the
     /// same.
     pub shares: Shares,
+    /// The largest all-reduce (bytes; barriers too) that travels over shared-memory lines,
+    /// data and flag in one cache line, where every rank is on this host (`BCL_LL_BYTES`; 0:
+    /// never). Capped at what the lines hold (3560 bytes). Every rank must be given the same.
+    pub lines_bytes: usize,
 }
+
+/// [`CommConfig::lines_bytes`] unless configured: chosen by measurement
+/// (docs/small-messages.md).
+pub const LINES_BYTES: usize = 2048;
 
 impl Default for CommConfig {
     fn default() -> Self {
@@ -191,6 +199,7 @@ impl Default for CommConfig {
             spin: None,
             topology: None,
             shares: Shares::BySpeed,
+            lines_bytes: LINES_BYTES,
         }
     }
 }
@@ -215,6 +224,7 @@ impl CommConfig {
         TIMEOUT.check("CommConfig::init_timeout", self.init_timeout)?;
         TIMEOUT.check("CommConfig::op_timeout", self.op_timeout)?;
         SLICE_BYTES.check("CommConfig::slice_bytes", self.slice_bytes)?;
+        limits::LINES_BYTES.check("CommConfig::lines_bytes", self.lines_bytes)?;
         if let Some(spin) = self.spin {
             SPIN.check("CommConfig::spin", spin)?;
         }
@@ -240,7 +250,8 @@ mod tests {
     fn a_config_built_in_code_is_checked_like_the_environment() {
         assert!(CommConfig::default().validate().is_ok());
         type Spoil = fn(&mut CommConfig);
-        let cases: [(&str, Spoil); 9] = [
+        let cases: [(&str, Spoil); 10] = [
+            ("lines_bytes", |c| c.lines_bytes = 1 << 30),
             ("sockets_per_peer", |c| c.sockets_per_peer = 0),
             ("sockets_per_op", |c| c.sockets_per_op = Some(1000)),
             ("init_timeout", |c| c.init_timeout = Duration::ZERO),

@@ -93,6 +93,11 @@ pub fn tag_base(seq: u32, point_to_point: bool) -> u64 {
     space | (u64::from(seq & 0x7fff_ffff) << 32)
 }
 
+/// The tag of collective `seq`'s signature messages (see `signatures.rs`).
+pub fn signature_tag(seq: u32) -> u64 {
+    tag_base(seq, false) | u64::from(signatures::SIGNATURE_TAG)
+}
+
 /// Progress of one plan.
 #[derive(Debug)]
 pub struct Executor<'p> {

@@ -21,6 +21,7 @@
 //! peer, so a peer's death wakes it too.
 
 mod connect;
+mod lines;
 mod ring;
 pub(crate) use ring::fuzz_consumer;
 mod sys;
@@ -31,7 +32,7 @@ use crate::auth::Secret;
 use crate::error::TransportError;
 use crate::keys::KeyMap;
 use crate::transport::{
-    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+    Capabilities, Collected, Lines, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use ring::{Consumer, Producer};
 use std::collections::VecDeque;
@@ -511,6 +512,86 @@ impl Transport for ShmTransport {
             .and_then(Option::as_ref)
             .is_some_and(|p| p.gone() && !p.inp.has_data() && p.partial_tag.is_none())
             && !self.inbox.keys().any(|(from, _)| *from == peer)
+    }
+
+    fn lines(&mut self) -> Option<&mut dyn Lines> {
+        Some(self)
+    }
+}
+
+impl ShmTransport {
+    fn peer(&self, peer: usize) -> Result<&Peer, TransportError> {
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or(TransportError::UnknownPeer { peer })
+    }
+}
+
+impl Lines for ShmTransport {
+    fn max_payload(&self) -> usize {
+        lines::MAX_PAYLOAD
+    }
+
+    fn reaches(&self, peer: usize) -> bool {
+        self.peers.get(peer).is_some_and(Option::is_some)
+    }
+
+    fn post(&mut self, peer: usize, stamp: u64, payload: &[u8]) -> Result<(), TransportError> {
+        if stamp == 0 || payload.len() > lines::MAX_PAYLOAD {
+            return Err(TransportError::TooLarge {
+                peer,
+                len: payload.len(),
+                max: lines::MAX_PAYLOAD,
+            });
+        }
+        let p = self.peer(peer)?;
+        if p.out.consumer_closed() {
+            return Err(self.closed_error(peer));
+        }
+        lines::post(p.out.segment(), stamp, payload);
+        if p.out.consumer_parked() {
+            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+        }
+        Ok(())
+    }
+
+    fn collect(
+        &mut self,
+        peer: usize,
+        stamp: u64,
+        out: &mut [u8],
+    ) -> Result<Collected, TransportError> {
+        let p = self.peer(peer)?;
+        lines::collect(p.inp.segment(), stamp, out).map_err(|reason| TransportError::Protocol {
+            peer,
+            addr: p.label.clone(),
+            reason,
+        })
+    }
+
+    fn sleep(
+        &mut self,
+        awaited: &[(usize, u64, usize)],
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        let mut fds = Vec::new();
+        let mut ready = self.prepare_wait(&mut fds) == Readiness::Ready;
+        for &(peer, stamp, len) in awaited {
+            if let Some(p) = self.peers.get(peer).and_then(Option::as_ref) {
+                ready |= lines::arrived(p.inp.segment(), stamp, len);
+            }
+        }
+        let slept = if ready {
+            Ok(())
+        } else {
+            crate::poll::poll_fds(&fds, timeout).map(|_| ())
+        };
+        self.after_wait();
+        slept.map_err(|source| TransportError::Setup {
+            what: "poll(2) on the shm doorbell".into(),
+            source,
+        })
     }
 }
 

@@ -8,7 +8,8 @@
 //!   256   consumer's line: head, closed
 //!   384   consumer_parked, alone on its line
 //!   512   producer_parked, alone on its line
-//!   4096  data: `capacity` bytes (a power of two) of records
+//!   4096  lines: small messages with their flags (see `lines.rs`), written by the producer
+//!   12288 data: `capacity` bytes (a power of two) of records
 //! ```
 //!
 //! A record is a 16-byte header (tag u64, fragment length u32, flags u32) and the fragment's
@@ -35,8 +36,8 @@ use crate::transport::Tag;
 use std::sync::atomic::{Ordering, fence};
 
 pub const MAGIC: u64 = 0x6263_6c2d_7368_6d31; // "bcl-shm1"
-pub const VERSION: u32 = 1;
-pub const DATA: usize = 4096;
+pub const VERSION: u32 = 2;
+pub const DATA: usize = super::lines::LINES + super::lines::AREA;
 pub const RECORD_HEADER: usize = 16;
 const FLAG_LAST: u32 = 1;
 /// The rest of the data area is padding: the next record starts at offset 0.
@@ -189,6 +190,20 @@ impl Producer {
         fits(self).min(want)
     }
 
+    /// The segment, for the line area (`lines.rs`), which this side writes.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Whether the consumer is about to sleep or sleeps (ring it after a post).
+    pub fn consumer_parked(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.seg
+            .atomic_u32(OFF_CONSUMER_PARKED)
+            .load(Ordering::Relaxed)
+            != 0
+    }
+
     /// The largest record payload that always fits once the ring has drained, wherever its
     /// position: half the data area (less a header).
     pub fn max_fragment(&self) -> usize {
@@ -315,6 +330,11 @@ impl Consumer {
         // above; never written again.
         unsafe { self.seg.read(OFF_PRODUCER_PROOF, &mut proof) };
         Some((pid, proof))
+    }
+
+    /// The segment, for the line area (`lines.rs`), which this side reads.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
     }
 
     pub fn has_data(&self) -> bool {

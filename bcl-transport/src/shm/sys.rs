@@ -132,6 +132,15 @@ impl Segment {
         unsafe { AtomicU64::from_ptr(p.cast()) }
     }
 
+    /// The `n` 8-byte atomics from `offset` (a multiple of 8) on.
+    pub fn atomic_words(&self, offset: usize, n: usize) -> &[AtomicU64] {
+        let p = self.at(offset, n * 8, 8);
+        // SAFETY: as for `atomic_u64`, for each of the `n` words: the range is in bounds
+        // (checked by `at`) and 8-aligned, and `AtomicU64` has `u64`'s size, so the words lie
+        // side by side as a slice does.
+        unsafe { std::slice::from_raw_parts(p.cast::<AtomicU64>(), n) }
+    }
+
     /// The 4-byte atomic at `offset` (a multiple of 4).
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         let p = self.at(offset, 4, 4);

@@ -356,3 +356,89 @@ fn rings_shrink_to_fit_a_small_dev_shm() {
     assert_eq!(ring_capacity(4 << 20, 7, Some(mib(1))), 64 << 10);
     assert_eq!(ring_capacity(100_000, 1, Some(mib(1024))), 128 << 10);
 }
+
+/// Lines between a connected pair: a post of any size up to the largest arrives whole, the two
+/// sets alternate without one post showing through another, an earlier post or a post for
+/// another operation is never handed out as the awaited one, and a line changed under the
+/// reader is an error.
+#[test]
+fn lines_carry_posts_whole_and_tell_stale_foreign_and_rewritten_ones_apart() {
+    let (mut a, mut b) = pair(64 << 10);
+    let max = Lines::max_payload(&a);
+    assert_eq!(max, lines::MAX_PAYLOAD);
+    for (post, len) in [0usize, 1, 8, 55, 56, 57, 112, 1000, max]
+        .into_iter()
+        .enumerate()
+    {
+        let stamp = ((post as u64 + 1) << 32) | 0x55;
+        let payload: Vec<u8> = (0..len).map(|i| (i * 31 + post) as u8).collect();
+        let mut out = vec![0u8; len];
+        // Nothing yet: the set holds the post before last (or nothing).
+        assert_eq!(
+            b.collect(0, stamp, &mut out).expect("collect"),
+            Collected::Partial
+        );
+        a.post(1, stamp, &payload).expect("post");
+        assert_eq!(
+            b.collect(0, stamp, &mut out).expect("collect"),
+            Collected::Complete
+        );
+        assert_eq!(out, payload, "{len} bytes");
+        // The post before it, in the other set, is still there and not this one.
+        if post > 0 {
+            let before = ((post as u64) << 32) | 0x55;
+            let mut old = vec![0u8; len];
+            let got = b.collect(0, before, &mut old).expect("collect");
+            assert_ne!(got, Collected::Foreign(stamp), "{len} bytes");
+        }
+    }
+    // The same number under another check: another operation, its first line handed over.
+    let stamp = (100u64 << 32) | 0x11;
+    a.post(1, (100u64 << 32) | 0x33, b"their signature, then data")
+        .expect("post");
+    let mut out = vec![0u8; 80];
+    assert_eq!(
+        b.collect(0, stamp, &mut out).expect("collect"),
+        Collected::Foreign((100u64 << 32) | 0x33)
+    );
+    assert_eq!(&out[..26], b"their signature, then data");
+    // A line rewritten between the last line's flag and the reader's check: an error naming
+    // the peer's ring, never the mixed bytes.
+    let stamp = (102u64 << 32) | 0x11;
+    a.post(1, stamp, &[7u8; 200]).expect("post");
+    let seg = b.peers[0].as_ref().expect("peer 0").inp.segment();
+    let first = seg.atomic_u64(lines::LINES);
+    first.store(stamp ^ (1 << 40), std::sync::atomic::Ordering::Relaxed);
+    let mut out = vec![0u8; 200];
+    let e = b.collect(0, stamp, &mut out).expect_err("a rewritten line");
+    assert!(e.to_string().contains("rewritten"), "{e}");
+    // Payloads the lines cannot hold, and a zero stamp, are refused.
+    assert!(a.post(1, stamp, &vec![0u8; max + 1]).is_err());
+    assert!(a.post(1, 0, b"x").is_err());
+    assert!(a.post(5, stamp, b"x").is_err());
+}
+
+/// A reader asleep on its lines wakes when the post comes (the doorbell), long before its
+/// timeout.
+#[test]
+fn a_reader_asleep_on_its_lines_wakes_for_the_post() {
+    let (mut a, mut b) = pair(64 << 10);
+    let stamp = (1u64 << 32) | 9;
+    let poster = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        a.post(1, stamp, &[1u8; 300]).expect("post");
+        a
+    });
+    let started = Instant::now();
+    let mut out = vec![0u8; 300];
+    while b.collect(0, stamp, &mut out).expect("collect") != Collected::Complete {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the post never woke the reader"
+        );
+        b.sleep(&[(0, stamp, 300)], Duration::from_secs(60))
+            .expect("sleep");
+    }
+    assert_eq!(out, vec![1u8; 300]);
+    drop(poster.join().expect("poster"));
+}

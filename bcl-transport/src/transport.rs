@@ -254,8 +254,8 @@ pub trait Lines {
     /// Whether `peer` has lines to this rank (the same host).
     fn reaches(&self, peer: usize) -> bool;
 
-    /// Post `payload` to `peer` under `stamp`, waking it if it sleeps.
-    fn post(&mut self, peer: usize, stamp: u64, payload: &[u8]) -> Result<(), TransportError>;
+    /// Post `payload` to each of `peers` under `stamp`, waking those that sleep.
+    fn post(&mut self, peers: &[usize], stamp: u64, payload: &[u8]) -> Result<(), TransportError>;
 
     /// Copy `peer`'s post `stamp` into `out` (its length is the payload's) once all of it
     /// has arrived.

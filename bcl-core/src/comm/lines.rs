@@ -39,8 +39,8 @@ pub(super) fn taken(shared: &Shared, collective: Collective, bytes: usize) -> bo
         && bytes <= shared.lines_bytes
 }
 
-/// The largest all-reduce this communicator's lines carry: `configured` bytes, at most what the
-/// lines hold beside a signature; 0 when some peer is not on this host's shared memory, or
+/// The largest all-reduce this communicator's lines carry: `configured` bytes (checked against
+/// what the lines hold beside a signature); 0 when some peer is not on this host's shared memory, or
 /// some rank's buffers are device memory (a rank of another vendor calls through its device:
 /// it would run the planned path while its peers took the lines).
 pub(super) fn capacity(
@@ -191,17 +191,13 @@ fn gather_and_reduce(
     slots.resize(slot * world, 0);
     slots[rank * slot..][..SIGNATURE_BYTES].copy_from_slice(&op.encode());
     slots[rank * slot + SIGNATURE_BYTES..][..own.len()].copy_from_slice(own);
-    {
-        let lines = transport.lines().ok_or_else(no_lines)?;
-        let payload = &slots[rank * slot..][..slot];
-        for peer in (0..world).filter(|&p| p != rank) {
-            lines
-                .post(peer, stamp, payload)
-                .map_err(|e| exec_error(shared, ExecError::Transport(e), op))?;
-        }
-    }
     pending.clear();
     pending.extend((0..world).filter(|&p| p != rank));
+    transport
+        .lines()
+        .ok_or_else(no_lines)?
+        .post(pending, stamp, &slots[rank * slot..][..slot])
+        .map_err(|e| exec_error(shared, ExecError::Transport(e), op))?;
     let mut waiter = Waiter::new(shared);
     let mut last_progress = Instant::now();
     while !pending.is_empty() {

@@ -95,9 +95,10 @@ pub const SLICE_BYTES: Count = Count {
     max: 1 << 30,
     unit: "bytes",
 };
+/// At most what the lines hold beside the operation's signature.
 pub const LINES_BYTES: Count = Count {
     min: 0,
-    max: 1 << 20,
+    max: bcl_transport::shm::LINES_MAX_PAYLOAD - crate::signature::SIGNATURE_BYTES,
     unit: "bytes",
 };
 pub const RECORDER_OPS: Count = Count {

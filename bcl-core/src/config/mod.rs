@@ -170,7 +170,7 @@ pub struct CommConfig {
     pub shares: Shares,
     /// The largest all-reduce (bytes; barriers too) that travels over shared-memory lines,
     /// data and flag in one cache line, where every rank is on this host (`BCL_LL_BYTES`; 0:
-    /// never). Capped at what the lines hold (3560 bytes). Every rank must be given the same.
+    /// never; at most 3560, what the lines hold). Every rank must be given the same.
     pub lines_bytes: usize,
 }
 
@@ -251,7 +251,7 @@ mod tests {
         assert!(CommConfig::default().validate().is_ok());
         type Spoil = fn(&mut CommConfig);
         let cases: [(&str, Spoil); 10] = [
-            ("lines_bytes", |c| c.lines_bytes = 1 << 30),
+            ("lines_bytes", |c| c.lines_bytes = 3561),
             ("sockets_per_peer", |c| c.sockets_per_peer = 0),
             ("sockets_per_op", |c| c.sockets_per_op = Some(1000)),
             ("init_timeout", |c| c.init_timeout = Duration::ZERO),

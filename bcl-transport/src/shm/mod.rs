@@ -27,6 +27,8 @@ pub(crate) use ring::fuzz_consumer;
 mod sys;
 
 pub use connect::reclaim_stale;
+/// The largest payload of one post on the lines ([`Lines::max_payload`]).
+pub const LINES_MAX_PAYLOAD: usize = lines::MAX_PAYLOAD;
 
 use crate::auth::Secret;
 use crate::error::TransportError;
@@ -537,21 +539,29 @@ impl Lines for ShmTransport {
         self.peers.get(peer).is_some_and(Option::is_some)
     }
 
-    fn post(&mut self, peer: usize, stamp: u64, payload: &[u8]) -> Result<(), TransportError> {
-        if stamp == 0 || payload.len() > lines::MAX_PAYLOAD {
-            return Err(TransportError::TooLarge {
-                peer,
-                len: payload.len(),
-                max: lines::MAX_PAYLOAD,
-            });
+    fn post(&mut self, peers: &[usize], stamp: u64, payload: &[u8]) -> Result<(), TransportError> {
+        for &peer in peers {
+            if stamp == 0 || payload.len() > lines::MAX_PAYLOAD {
+                return Err(TransportError::TooLarge {
+                    peer,
+                    len: payload.len(),
+                    max: lines::MAX_PAYLOAD,
+                });
+            }
+            let p = self.peer(peer)?;
+            if p.out.consumer_closed() {
+                return Err(self.closed_error(peer));
+            }
+            lines::post(p.out.segment(), stamp, payload);
         }
-        let p = self.peer(peer)?;
-        if p.out.consumer_closed() {
-            return Err(self.closed_error(peer));
-        }
-        lines::post(p.out.segment(), stamp, payload);
-        if p.out.consumer_parked() {
-            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+        // One fence for all of them (it waits for the lines to leave this core), then the
+        // doorbell of each peer about to sleep.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        for &peer in peers {
+            let p = self.peer(peer)?;
+            if p.out.consumer_parked_now() {
+                let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+            }
         }
         Ok(())
     }

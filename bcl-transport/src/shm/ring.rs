@@ -31,6 +31,7 @@
 //! the rule that gives this side the range.
 #![allow(unsafe_code)]
 
+use super::lines;
 use super::sys::Segment;
 use crate::transport::Tag;
 use std::sync::atomic::{Ordering, fence};
@@ -195,9 +196,9 @@ impl Producer {
         &self.seg
     }
 
-    /// Whether the consumer is about to sleep or sleeps (ring it after a post).
-    pub fn consumer_parked(&self) -> bool {
-        fence(Ordering::SeqCst);
+    /// Whether the consumer is about to sleep or sleeps (ring it after a post): read after a
+    /// SeqCst fence that follows the post, as `publish` does.
+    pub fn consumer_parked_now(&self) -> bool {
         self.seg
             .atomic_u32(OFF_CONSUMER_PARKED)
             .load(Ordering::Relaxed)
@@ -484,8 +485,10 @@ impl Consumer {
 /// The consumer facing a hostile producer, for the fuzz target `shm_ring`
 /// ([`crate::fuzzing::shm_ring`]): `ops` says what the producer writes into a fresh ring
 /// (any tail, any bytes anywhere in the data area, any header of the segment) and when the
-/// consumer looks. Whatever it writes, `peek` returns a record inside the ring or an error,
-/// and `inspect` a capacity that fits the segment or an error; nothing panics.
+/// consumer looks; it may also write any word of the line area (`lines.rs`). Whatever it
+/// writes, `peek` returns a record inside the ring or an error, `inspect` a capacity that fits
+/// the segment or an error, and collecting lines fills the reader's buffer or errs; nothing
+/// panics.
 pub(crate) fn fuzz_consumer(ops: &[u8]) {
     use std::sync::atomic::AtomicU64;
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -518,7 +521,7 @@ pub(crate) fn fuzz_consumer(ops: &[u8]) {
         s
     };
     while let Some(&[op]) = take(1) {
-        match op % 6 {
+        match op % 8 {
             0 => {
                 let Some(b) = take(8) else { break };
                 let tail = u64::from_le_bytes(b.try_into().unwrap_or_default());
@@ -566,6 +569,26 @@ pub(crate) fn fuzz_consumer(ops: &[u8]) {
                 if consumer.park() {
                     consumer.unpark();
                 }
+            }
+            6 => {
+                // Any word of the line area, as a producer that posts garbage would.
+                let Some(b) = take(10) else { break };
+                let word = usize::from(u16::from_le_bytes([b[0], b[1]])) % (lines::AREA / 8);
+                let value = u64::from_le_bytes(b[2..].try_into().unwrap_or_default());
+                theirs
+                    .atomic_u64(lines::LINES + 8 * word)
+                    .store(value, Ordering::Release);
+            }
+            7 => {
+                // Collect a post of any length under any stamp: a payload, not yet, another
+                // operation's, or an error; never a panic or bytes beyond `out`.
+                let Some(b) = take(10) else { break };
+                let stamp = u64::from_le_bytes(b[..8].try_into().unwrap_or_default()) | 1;
+                let len = usize::from(u16::from_le_bytes([b[8], b[9]])) % (lines::MAX_PAYLOAD + 1);
+                let mut out = vec![0u8; len];
+                let _ = lines::collect(consumer.segment(), stamp, &mut out);
+                assert_eq!(out.len(), len);
+                let _ = lines::arrived(consumer.segment(), stamp, len);
             }
             _ => {
                 if let Ok(Some((capacity, _))) = inspect(&theirs) {

@@ -378,7 +378,7 @@ fn lines_carry_posts_whole_and_tell_stale_foreign_and_rewritten_ones_apart() {
             b.collect(0, stamp, &mut out).expect("collect"),
             Collected::Partial
         );
-        a.post(1, stamp, &payload).expect("post");
+        a.post(&[1], stamp, &payload).expect("post");
         assert_eq!(
             b.collect(0, stamp, &mut out).expect("collect"),
             Collected::Complete
@@ -394,7 +394,7 @@ fn lines_carry_posts_whole_and_tell_stale_foreign_and_rewritten_ones_apart() {
     }
     // The same number under another check: another operation, its first line handed over.
     let stamp = (100u64 << 32) | 0x11;
-    a.post(1, (100u64 << 32) | 0x33, b"their signature, then data")
+    a.post(&[1], (100u64 << 32) | 0x33, b"their signature, then data")
         .expect("post");
     let mut out = vec![0u8; 80];
     assert_eq!(
@@ -405,7 +405,7 @@ fn lines_carry_posts_whole_and_tell_stale_foreign_and_rewritten_ones_apart() {
     // A line rewritten between the last line's flag and the reader's check: an error naming
     // the peer's ring, never the mixed bytes.
     let stamp = (102u64 << 32) | 0x11;
-    a.post(1, stamp, &[7u8; 200]).expect("post");
+    a.post(&[1], stamp, &[7u8; 200]).expect("post");
     let seg = b.peers[0].as_ref().expect("peer 0").inp.segment();
     let first = seg.atomic_u64(lines::LINES);
     first.store(stamp ^ (1 << 40), std::sync::atomic::Ordering::Relaxed);
@@ -413,9 +413,9 @@ fn lines_carry_posts_whole_and_tell_stale_foreign_and_rewritten_ones_apart() {
     let e = b.collect(0, stamp, &mut out).expect_err("a rewritten line");
     assert!(e.to_string().contains("rewritten"), "{e}");
     // Payloads the lines cannot hold, and a zero stamp, are refused.
-    assert!(a.post(1, stamp, &vec![0u8; max + 1]).is_err());
-    assert!(a.post(1, 0, b"x").is_err());
-    assert!(a.post(5, stamp, b"x").is_err());
+    assert!(a.post(&[1], stamp, &vec![0u8; max + 1]).is_err());
+    assert!(a.post(&[1], 0, b"x").is_err());
+    assert!(a.post(&[5], stamp, b"x").is_err());
 }
 
 /// A reader asleep on its lines wakes when the post comes (the doorbell), long before its
@@ -426,7 +426,7 @@ fn a_reader_asleep_on_its_lines_wakes_for_the_post() {
     let stamp = (1u64 << 32) | 9;
     let poster = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
-        a.post(1, stamp, &[1u8; 300]).expect("post");
+        a.post(&[1], stamp, &[1u8; 300]).expect("post");
         a
     });
     let started = Instant::now();

@@ -59,18 +59,18 @@ fn small_allreduces_take_the_lines_and_every_rank_gets_the_rank_order_sum_bit_fo
     let comms = shm(world, config);
     let sum = Collective::AllReduce { op: ReduceOp::Sum };
     // Line boundaries (56 bytes: 14 floats, less the 24-byte signature in the first line),
-    // the largest size the lines take by default, and one float more.
-    for count in [1, 8, 13, 14, 15, 100, 506, 512] {
+    // the largest size the lines take (3560 bytes), and one float more.
+    for count in [1, 8, 13, 14, 15, 100, 506, 512, 890] {
         assert!(comms[0].uses_lines(sum, count * 4), "{count} floats");
     }
-    assert!(!comms[0].uses_lines(sum, 513 * 4), "513 floats");
+    assert!(!comms[0].uses_lines(sum, 891 * 4), "891 floats");
     assert!(comms[0].uses_lines(Collective::Barrier, 0));
     assert!(
         !comms[0].uses_lines(sum, 0),
         "an empty allreduce stays a no-op"
     );
     assert!(!comms[0].uses_lines(Collective::Broadcast { root: 0 }, 8));
-    for count in [0, 1, 7, 8, 13, 14, 15, 100, 506, 512, 513] {
+    for count in [0, 1, 7, 8, 13, 14, 15, 100, 506, 512, 890, 891] {
         let outs = each(&comms, |r, c| {
             let mut out = vec![0f32; count];
             c.all_reduce(&inputs(r, count), &mut out, ReduceOp::Sum)
@@ -87,7 +87,7 @@ fn small_allreduces_take_the_lines_and_every_rank_gets_the_rank_order_sum_bit_fo
                 "{count} floats: rank {r}'s sum differs from rank 0's in its bits"
             );
         }
-        if count <= 512 {
+        if count <= 890 {
             // The lines add in rank order: ((x0 + x1) + x2) + x3, exactly.
             let want: Vec<f32> = (0..count)
                 .map(|i| {
@@ -190,7 +190,7 @@ fn ranks_that_call_different_small_allreduces_are_told_it_is_a_desync_naming_bot
 #[test]
 fn a_rank_on_the_planned_path_beside_one_on_the_lines_is_a_desync_not_a_hang() {
     let comms = shm(2, |r| CommConfig {
-        lines_bytes: if r == 0 { 2048 } else { 0 },
+        lines_bytes: if r == 0 { 3560 } else { 0 },
         op_timeout: Duration::from_secs(20),
         ..config(r)
     });

@@ -174,9 +174,9 @@ pub struct CommConfig {
     pub lines_bytes: usize,
 }
 
-/// [`CommConfig::lines_bytes`] unless configured: chosen by measurement
-/// (docs/small-messages.md).
-pub const LINES_BYTES: usize = 2048;
+/// [`CommConfig::lines_bytes`] unless configured: all the lines hold, since they measured
+/// faster than the planned path at every size up to there (docs/small-messages.md).
+pub const LINES_BYTES: usize = limits::LINES_BYTES.max;
 
 impl Default for CommConfig {
     fn default() -> Self {

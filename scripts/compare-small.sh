@@ -77,3 +77,12 @@ for tr in ("tcp", "shm"):
             print(f"| {tr} | {np} | {human(s)} | {bm:.2f} | {mm:.2f} | {bm / mm:.2f} | {bs:.2f} | {ms:.2f} | {won}/{len(b)} |")
 print(f"\nBCL at or below OpenMPI's median with no larger spread: {met} of {total} cases.")
 PY
+# Idle: what a rank's process uses while its communicator has no operation in flight.
+idle=$PWD/target/release/bcl_idle_cpu
+cc -O2 -std=c99 -Iinclude benches/c/bcl_idle_cpu.c -Ltarget/release -lbcl \
+  -Wl,-rpath,"$PWD/target/release" -o "$idle"
+for tr in tcp shm; do
+  echo "idle, $tr, 4 ranks:" | tee -a "$out/table.md"
+  timeout 120 mpirun -np 4 --oversubscribe --bind-to none -x BCL_TRANSPORT="$tr" "$idle" 5 \
+    | sort | sed 's/^/    /' | tee -a "$out/table.md"
+done

@@ -52,6 +52,26 @@ impl Setup {
     }
 }
 
+/// Run `f(rank, comm)` on every rank at once, each on a thread of its own; the results by rank.
+pub fn each<R: Send>(
+    comms: &[Communicator],
+    f: impl Fn(usize, &Communicator) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let f = &f;
+                s.spawn(move || f(r, c))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
 /// A config with bounded timeouts, so a broken case fails instead of hanging.
 pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
     CommConfig {

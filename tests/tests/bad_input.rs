@@ -4,7 +4,7 @@
 use bcl_core::Cause;
 use bcl_core::schedule::Algorithm;
 use bcl_core::{CommConfig, Communicator, Error, MemFabric, ReduceOp, TransportKind, UniqueId};
-use bcl_tests::{Setup, test_config};
+use bcl_tests::{Setup, each, test_config};
 use bcl_transport::Secret;
 use bcl_transport::store::MemoryStore;
 use std::sync::Arc;
@@ -15,23 +15,6 @@ fn short(setup: Setup, rank: usize) -> CommConfig {
         op_timeout: Duration::from_secs(3),
         ..test_config(setup, rank)
     }
-}
-
-/// Run `f(rank, comm)` on every rank at once.
-fn each<R: Send>(comms: &[Communicator], f: impl Fn(usize, &Communicator) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let f = &f;
-                s.spawn(move || f(r, c))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
 }
 
 #[test]

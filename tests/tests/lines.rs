@@ -4,7 +4,7 @@
 //! Ranks are threads of this process over real shared-memory rings.
 
 use bcl_core::{Cause, Collective, CommConfig, Communicator, Error, ReduceOp, TransportKind};
-use bcl_tests::{Setup, test_config};
+use bcl_tests::{Setup, each, test_config};
 use std::time::{Duration, Instant};
 
 fn shm(world: usize, config: impl Fn(usize) -> CommConfig + Sync) -> Vec<Communicator> {
@@ -17,24 +17,6 @@ fn config(rank: usize) -> CommConfig {
         transport: TransportKind::Shm,
         ..test_config(Setup::ShmCpu, rank)
     }
-}
-
-/// Run `f(rank, comm)` on every rank at once; the results by rank.
-fn each<T: Send>(comms: &[Communicator], f: impl Fn(usize, &Communicator) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let f = &f;
-                s.spawn(move || f(r, c))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
 }
 
 /// Floats whose sums depend on the order they are added in.

@@ -132,3 +132,19 @@ pub(super) fn exec_error(shared: &Shared, e: ExecError, op: Signature) -> Error 
         ExecError::Binding(why) => Error::Internal(format!("{op}: {why}")),
     }
 }
+
+/// Poison the communicator with an operation's error, if it is one that does.
+pub(super) fn poison_if_fatal(shared: &Shared, outcome: &Result<(), Error>) {
+    if let Err(e) = outcome
+        && e.poisons()
+    {
+        let mut p = shared.poison.lock();
+        if p.is_none() {
+            *p = Some(e.to_string());
+        }
+        // A verdict is logged once, by the health layer, when it is reached.
+        if !matches!(e, Error::Fault { .. }) {
+            tracing::error!(rank = shared.rank, error = %e, "collective failed; communicator poisoned");
+        }
+    }
+}

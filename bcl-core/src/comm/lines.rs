@@ -13,7 +13,7 @@
 //! waiting.
 
 use super::Shared;
-use super::errors::{exec_error, fault_error};
+use super::errors::{exec_error, fault_error, poison_if_fatal};
 use super::wait::{Awaiting, SLEEP, Waiter};
 use crate::error::{Error, Result};
 use crate::exec::{Bindings, ExecError, Measurements, Memory, PeerBytes, signature_tag};
@@ -140,14 +140,7 @@ pub(super) fn run(
     shared
         .health
         .op_finished(peers, error, Measurements::default());
-    if let Err(e) = &outcome
-        && e.poisons()
-    {
-        let mut p = shared.poison.lock();
-        if p.is_none() {
-            *p = Some(e.to_string());
-        }
-    }
+    poison_if_fatal(shared, &outcome);
     outcome
 }
 

@@ -8,7 +8,7 @@
 //!   slow-node detector), and an error that poisons marks the communicator.
 
 use super::Shared;
-use super::errors::{device_error, exec_error, fault_error};
+use super::errors::{device_error, exec_error, fault_error, poison_if_fatal};
 use super::lines::{self, LineScratch};
 use super::wait::{SLEEP, Waiter};
 use crate::error::Result;
@@ -341,16 +341,5 @@ fn end(shared: &Shared, exec: &Executor<'_>, outcome: &Result<()>) {
         outcome.as_ref().err().map(|e| e.to_string()),
         measured,
     );
-    if let Err(e) = outcome
-        && e.poisons()
-    {
-        let mut p = shared.poison.lock();
-        if p.is_none() {
-            *p = Some(e.to_string());
-        }
-        // A verdict is logged once, by the health layer, when it is reached.
-        if !matches!(e, crate::Error::Fault { .. }) {
-            tracing::error!(rank = shared.rank, error = %e, "collective failed; communicator poisoned");
-        }
-    }
+    poison_if_fatal(shared, outcome);
 }

@@ -5,8 +5,9 @@
 # OpenMPI's original, over tcp and over shared memory, 2 and 4 ranks, one after the other in
 # every round (this VM flips between a fast and a slow state every 10-60 s).
 #   scripts/compare-small.sh [ROUNDS] [OUTDIR] [SECONDS]
-# Writes OUTDIR/<lib>-<transport>-np<N>-r<k>.txt and OUTDIR/table.md: per case the median of
-# the rounds' medians, and the spread across rounds (slowest round / fastest round).
+# Writes OUTDIR/<lib>-<transport>-np<N>-r<k>.txt, OUTDIR/table.md (per case the median of the
+# rounds' medians, and the spread across rounds: slowest round / fastest round) and the plot
+# OUTDIR/small.svg.
 # Environment passed through to BCL's ranks as usual (BCL_LL_BYTES=0 turns the lines off);
 # REUSE=1 makes the table again from OUTDIR's files.
 set -euo pipefail
@@ -76,6 +77,34 @@ for tr in ("tcp", "shm"):
             met += bm <= mm and bs <= ms
             print(f"| {tr} | {np} | {human(s)} | {bm:.2f} | {mm:.2f} | {bm / mm:.2f} | {bs:.2f} | {ms:.2f} | {won}/{len(b)} |")
 print(f"\nBCL at or below OpenMPI's median with no larger spread: {met} of {total} cases.")
+# The plot: BCL's time over OpenMPI's per case, each round a dot, the median a bar.
+cases = []
+for tr in ("tcp", "shm"):
+    for np in (2, 4):
+        runs = {lib: [rows(p) for p in sorted(glob.glob(f"{out}/{lib}-{tr}-np{np}-r*.txt"))]
+                for lib in ("bcl", "mpi")}
+        for s in (8, 1024, 65536, 1 << 20):
+            ratios = [b[s] / m[s] for b, m in zip(runs["bcl"], runs["mpi"]) if s in b and s in m]
+            if ratios:
+                cases.append((f"{tr} {np}r {human(s)}", ratios))
+W, H, left, top, bottom = 60 + 46 * len(cases), 360, 50, 30, 90
+ymax = max(2.5, max(max(r) for _, r in cases) * 1.05)
+y = lambda v: top + (H - top - bottom) * (1 - v / ymax)
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+       '<rect width="100%" height="100%" fill="white"/>',
+       f'<text x="{left}" y="18" font-size="13">BCL time / OpenMPI time, allreduce (barrier, then one call); bars: median of {rounds} rounds, dots: rounds</text>']
+for v in [0.5 * k for k in range(int(ymax / 0.5) + 1)]:
+    svg.append(f'<line x1="{left}" x2="{W - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="{"#000" if v == 1 else "#ddd"}"/>'
+               f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
+for i, (label, ratios) in enumerate(cases):
+    x = left + 10 + 46 * i
+    m = statistics.median(ratios)
+    svg.append(f'<rect x="{x}" y="{min(y(m), y(1)):.1f}" width="30" height="{abs(y(m) - y(1)):.1f}" '
+               f'fill="{"#4a8" if m <= 1 else "#d64"}"/>')
+    svg += [f'<circle cx="{x + 15}" cy="{y(r):.1f}" r="2.5" fill="#333"/>' for r in ratios]
+    svg.append(f'<text transform="translate({x + 19},{H - bottom + 8}) rotate(60)">{label}</text>')
+svg.append("</svg>")
+open(f"{out}/small.svg", "w").write("\n".join(svg))
 PY
 # Idle: what a rank's process uses while its communicator has no operation in flight.
 idle=$PWD/target/release/bcl_idle_cpu

@@ -229,3 +229,54 @@ fn a_peer_that_leaves_during_a_small_allreduce_is_named() {
         );
     }
 }
+
+/// On the cpu backend a call through device buffers (a stream) and one through host buffers
+/// take the same path, so ranks may mix them, as they could before the lines: odd ranks here
+/// submit device buffers (out of place and in place), even ranks call with host slices.
+#[test]
+fn ranks_calling_through_device_buffers_and_through_host_buffers_meet_on_the_lines() {
+    use bcl_core::backends::{Accelerator, bytemuck};
+    let world = 4;
+    let comms = shm(world, config);
+    let outs = each(&comms, |r, c| {
+        let mut results = Vec::new();
+        for in_place in [false, true] {
+            let input: Vec<f64> = (0..11).map(|i| (r * 100 + i) as f64).collect();
+            let mut out = vec![0f64; 11];
+            if r % 2 == 0 {
+                if in_place {
+                    out.copy_from_slice(&input);
+                    c.all_reduce_in_place(&mut out, ReduceOp::Max)
+                        .expect("host");
+                } else {
+                    c.all_reduce(&input, &mut out, ReduceOp::Max).expect("host");
+                }
+            } else {
+                let acc: &dyn Accelerator = c.accelerator().as_ref();
+                let stream = acc.default_stream();
+                let bytes = bytemuck::cast_slice::<f64, u8>(&input);
+                let dst = acc.allocate(bytes.len()).expect("allocate");
+                let src = acc.allocate(bytes.len()).expect("allocate");
+                let target = if in_place { &dst } else { &src };
+                acc.copy_to_device(target.full(), bytes, &stream)
+                    .expect("h2d");
+                let sum = Collective::AllReduce { op: ReduceOp::Max };
+                let input = (!in_place).then_some(&src);
+                c.submit(sum, 11, bcl_core::DataType::Float64, input, Some(&dst))
+                    .expect("submit")
+                    .wait()
+                    .expect("device allreduce");
+                acc.copy_to_host(bytemuck::cast_slice_mut(&mut out), dst.full(), &stream)
+                    .expect("d2h");
+            }
+            results.push(out);
+        }
+        results
+    });
+    let want: Vec<f64> = (0..11).map(|i| (300 + i) as f64).collect();
+    for (r, results) in outs.iter().enumerate() {
+        for out in results {
+            assert_eq!(out, &want, "rank {r}");
+        }
+    }
+}

@@ -13,14 +13,14 @@
 //! waiting.
 
 use super::Shared;
-use super::errors::{exec_error, fault_error, poison_if_fatal};
+use super::errors::{device_error, exec_error, fault_error, poison_if_fatal};
 use super::wait::{Awaiting, SLEEP, Waiter};
 use crate::error::{Error, Result};
 use crate::exec::{Bindings, ExecError, Measurements, Memory, PeerBytes, signature_tag};
 use crate::peers::RankInfo;
 use crate::schedule::Collective;
 use crate::signature::{SIGNATURE_BYTES, Signature};
-use bcl_backends::{Vendor, kernels};
+use bcl_backends::{DeviceBuffer, ReduceOp, Vendor, kernels};
 use bcl_transport::{Collected, Transport};
 use std::time::Instant;
 
@@ -85,6 +85,8 @@ pub(super) struct LineScratch {
     posts: u32,
     slots: Vec<u8>,
     pending: Vec<usize>,
+    /// The result of a call on device buffers, before it is copied there.
+    result: Vec<u8>,
 }
 
 /// Where the gathering stands, for the waiter.
@@ -153,37 +155,26 @@ fn gather_and_reduce(
 ) -> Result<()> {
     let (rank, world) = (shared.rank, shared.world);
     let Bindings { input, output, .. } = bindings;
-    let output = match output {
-        Some(Memory::HostWrite(out)) => Some(out),
-        None if op.collective == Collective::Barrier => None,
-        _ => {
-            return Err(Error::Internal(format!(
-                "{op}: the lines carry host buffers"
-            )));
-        }
-    };
-    let own: &[u8] = match (&input, &output) {
-        (Some(Memory::HostRead(i)), _) => i,
-        (None, Some(o)) => o,
-        (None, None) => &[],
-        _ => {
-            return Err(Error::Internal(format!(
-                "{op}: the lines carry host buffers"
-            )));
-        }
-    };
-    let slot = SIGNATURE_BYTES + own.len();
+    let len = op.count as usize * op.dtype.size();
+    let slot = SIGNATURE_BYTES + len;
     let LineScratch {
         posts,
         slots,
         pending,
+        result,
     } = scratch;
     *posts = posts.wrapping_add(1);
     let stamp = stamp(&op, *posts);
     slots.clear();
     slots.resize(slot * world, 0);
     slots[rank * slot..][..SIGNATURE_BYTES].copy_from_slice(&op.encode());
-    slots[rank * slot + SIGNATURE_BYTES..][..own.len()].copy_from_slice(own);
+    let mine = &mut slots[rank * slot + SIGNATURE_BYTES..][..len];
+    match input.as_ref().or(output.as_ref()) {
+        Some(Memory::HostRead(i)) => mine.copy_from_slice(i),
+        Some(Memory::HostWrite(o)) => mine.copy_from_slice(o),
+        Some(Memory::Device(b)) => to_host(shared, mine, b)?,
+        None => {}
+    }
     pending.clear();
     pending.extend((0..world).filter(|&p| p != rank));
     transport
@@ -240,25 +231,46 @@ fn gather_and_reduce(
             .sleep(&awaited, SLEEP)
             .map_err(|e| exec_error(shared, ExecError::Transport(e), op))?;
     }
-    let Some(out) = output else {
-        return Ok(());
+    let (out, device_out): (&mut [u8], _) = match output {
+        None => return Ok(()),
+        Some(Memory::HostWrite(o)) => (o, None),
+        Some(Memory::Device(b)) => {
+            result.resize(len, 0);
+            (result.as_mut_slice(), Some(b))
+        }
+        Some(Memory::HostRead(_)) => {
+            return Err(Error::Internal(format!("{op}: a read-only output")));
+        }
     };
-    let len = out.len();
     let data = |r: usize| &slots[r * slot + SIGNATURE_BYTES..][..len];
-    let reduce = op
-        .collective
-        .reduce_op()
-        .unwrap_or(bcl_backends::ReduceOp::Sum);
+    let reduce = op.collective.reduce_op().unwrap_or(ReduceOp::Sum);
     let kernel = |e: kernels::KernelError| Error::Internal(format!("{op}: {e}"));
     kernels::combine_bytes(out, data(0), data(1), op.dtype, reduce.accumulate_op())
         .map_err(kernel)?;
     for r in 2..world {
         kernels::reduce_bytes(out, data(r), op.dtype, reduce.accumulate_op()).map_err(kernel)?;
     }
-    if reduce == bcl_backends::ReduceOp::Avg {
+    if reduce == ReduceOp::Avg {
         kernels::divide_bytes(out, op.dtype, world).map_err(kernel)?;
     }
+    if let Some(b) = device_out {
+        let acc = &shared.accelerator;
+        let stream = acc.default_stream();
+        acc.copy_to_device(b.full(), out, &stream)
+            .and_then(|()| acc.synchronize(&stream))
+            .map_err(|e| device_error(shared, e))?;
+    }
     Ok(())
+}
+
+/// Copy a device buffer (host memory behind the cpu backend: the lines run only where every
+/// rank computes there) into `dst`.
+fn to_host(shared: &Shared, dst: &mut [u8], src: &DeviceBuffer) -> Result<()> {
+    let acc = &shared.accelerator;
+    let stream = acc.default_stream();
+    acc.copy_to_host(dst, src.full(), &stream)
+        .and_then(|()| acc.synchronize(&stream))
+        .map_err(|e| device_error(shared, e))
 }
 
 /// A peer that runs this operation on the planned path sends its signature as a message

@@ -195,13 +195,12 @@ struct Begun<'e> {
     plan: &'e Plan,
 }
 
-/// Whether `call` goes over the lines instead of a plan (`lines.rs`): a small host all-reduce
-/// or a barrier, every peer on this host's shared memory, no algorithm forced. The same
-/// answer on every rank for the same call.
+/// Whether `call` goes over the lines instead of a plan (`lines.rs`): a small all-reduce or a
+/// barrier, every peer on this host's shared memory and on the cpu backend (device buffers
+/// are host memory there, so a call through a stream takes the same path as one without), no
+/// algorithm forced. The same answer on every rank for the same call.
 fn takes_lines(shared: &Shared, call: &Call) -> bool {
-    !call.on_device
-        && call.counts.is_none()
-        && lines::taken(shared, call.collective, call.count * call.dtype.size())
+    call.counts.is_none() && lines::taken(shared, call.collective, call.count * call.dtype.size())
 }
 
 /// The next sequence number, and the signature every peer will check.

@@ -287,6 +287,49 @@ impl Transport for Routes {
         }
         self.parts[first].lines()
     }
+
+    /// Lending, through the part each peer is routed to, where any part lends.
+    fn lend(&mut self) -> Option<&mut dyn crate::transport::Lend> {
+        if self.parts.iter_mut().any(|p| p.lend().is_some()) {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl crate::transport::Lend for Routes {
+    fn reaches(&mut self, peer: usize) -> bool {
+        self.part(peer).lend().is_some_and(|l| l.reaches(peer))
+    }
+
+    fn offer(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        data: &[u8],
+    ) -> Result<Option<crate::transport::LoanId>, TransportError> {
+        let route = self.route_of(peer);
+        match self.part(peer).lend() {
+            Some(l) => l.offer(peer, tag, data),
+            None => Err(TransportError::Protocol {
+                peer,
+                addr: format!("route {route}"),
+                reason: "a loan to a peer whose transport does not lend (a core bug)".into(),
+            }),
+        }
+    }
+
+    fn returned(
+        &mut self,
+        peer: usize,
+        loan: crate::transport::LoanId,
+    ) -> Result<bool, TransportError> {
+        match self.part(peer).lend() {
+            Some(l) => l.returned(peer, loan),
+            None => Ok(false),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -222,6 +222,38 @@ pub trait Transport: Send + fmt::Debug {
     fn lines(&mut self) -> Option<&mut dyn Lines> {
         None
     }
+
+    /// Lending large messages for the receiver to copy out of this process's memory itself
+    /// (single copy), where this transport can (shm, to peers that may read our memory).
+    fn lend(&mut self) -> Option<&mut dyn Lend> {
+        None
+    }
+}
+
+/// A loan's number, from [`Lend::offer`], unique per peer.
+pub type LoanId = u64;
+
+/// Single copy: instead of copying a message into its own buffers, the transport tells the
+/// peer where the bytes lie in this process, and the peer copies them from there straight into
+/// its destination (cross-memory attach; OpenMPI's `sm` CMA path). The sender gets the
+/// memory back when the peer says it is done: until [`Lend::returned`] answers true, the bytes
+/// must stay where they are, unchanged. The receiving side needs nothing new: a lent message
+/// arrives through the `try_recv*` calls like any other.
+pub trait Lend {
+    /// Whether `peer` can copy from this process's memory (found out when connecting).
+    fn reaches(&mut self, peer: usize) -> bool;
+
+    /// Lend `data` to `peer` under `tag`. `Ok(None)`: not now (too many loans out, or no room
+    /// for the notice), try again later.
+    fn offer(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        data: &[u8],
+    ) -> Result<Option<LoanId>, TransportError>;
+
+    /// Whether `peer` has finished copying loan `loan`.
+    fn returned(&mut self, peer: usize, loan: LoanId) -> Result<bool, TransportError>;
 }
 
 /// What [`Lines::collect`] found.

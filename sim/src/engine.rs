@@ -437,7 +437,10 @@ impl Engine<'_> {
     /// Step `step` of `sim`, a send, has left: deliver it α from now, to the rank in the
     /// group that stands where its receiver does.
     fn sent(&mut self, sim: usize, step: usize, alpha: f64) -> Result<(), String> {
-        let Action::Send { peer, tag, from } = self.runs[sim].plan.steps[step].action else {
+        let Action::Send {
+            peer, tag, from, ..
+        } = self.runs[sim].plan.steps[step].action
+        else {
             return Err(format!("rank {sim} step {step} is not a send"));
         };
         let (from_rank, to, tag) = if peer < self.span {
@@ -484,11 +487,9 @@ impl Engine<'_> {
         let plan = &self.others[&image];
         match plan.steps.get(step).map(|s| &s.action) {
             // Parts of a count that does not divide evenly differ by one element.
-            Some(Action::Send { peer, tag, from })
-                if *peer == to && from.len.abs_diff(len) <= 1 =>
-            {
-                Ok(*tag)
-            }
+            Some(Action::Send {
+                peer, tag, from, ..
+            }) if *peer == to && from.len.abs_diff(len) <= 1 => Ok(*tag),
             other => Err(format!(
                 "the plans are not symmetric by groups of {} ranks: rank {image} step {step} is {other:?}, \
                  where its stand-in in the group sends {len} elements to rank {to} (run it exactly: --group 0)",

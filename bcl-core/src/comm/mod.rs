@@ -214,6 +214,25 @@ impl Communicator {
         lines::taken(&self.shared, collective, bytes)
     }
 
+    /// The peers this rank lends its large ring messages to, for them to copy straight out
+    /// of its memory (single copy; [`CommConfig::single_copy_bytes`]): the same-host peers that
+    /// found at setup that they may read this process's memory. Empty where single copy is off.
+    /// A peer still setting up may not have said yet.
+    ///
+    /// [`CommConfig::single_copy_bytes`]: crate::CommConfig::single_copy_bytes
+    pub fn single_copy_peers(&self) -> Vec<usize> {
+        if self.shared.config.single_copy_bytes == 0 {
+            return Vec::new();
+        }
+        let mut engine = self.shared.engine.lock();
+        let Some(lender) = engine.transport.lend() else {
+            return Vec::new();
+        };
+        (0..self.shared.world)
+            .filter(|&peer| peer != self.shared.rank && lender.reaches(peer))
+            .collect()
+    }
+
     /// The first fault that poisoned this communicator, if any: an error of this rank's, or
     /// the verdict about a fault elsewhere (NCCL's `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<String> {

@@ -172,6 +172,7 @@ pub(super) fn run<'a>(
         rank: shared.rank,
         signature: begun.signature,
         clock: &shared.clock,
+        lend_bytes: shared.config.single_copy_bytes,
     };
     shared
         .health

@@ -90,6 +90,9 @@ impl CommConfig {
         if let Some(n) = count("BCL_LL_BYTES", super::limits::LINES_BYTES)? {
             self.lines_bytes = n;
         }
+        if let Some(n) = count("BCL_SINGLE_COPY_BYTES", super::limits::SINGLE_COPY_BYTES)? {
+            self.single_copy_bytes = n;
+        }
         if let Some(v) = get("BCL_HEALTH") {
             self.health.enabled = match v.as_str() {
                 "on" | "1" => true,

@@ -101,6 +101,11 @@ pub const LINES_BYTES: Count = Count {
     max: bcl_transport::shm::LINES_MAX_PAYLOAD - crate::signature::SIGNATURE_BYTES,
     unit: "bytes",
 };
+pub const SINGLE_COPY_BYTES: Count = Count {
+    min: 0,
+    max: 1 << 30,
+    unit: "bytes",
+};
 pub const RECORDER_OPS: Count = Count {
     min: 1,
     max: 1 << 20,

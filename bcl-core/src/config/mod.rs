@@ -172,11 +172,19 @@ pub struct CommConfig {
     /// data and flag in one cache line, where every rank is on this host (`BCL_LL_BYTES`; 0:
     /// never; at most 3560, what the lines hold). Every rank must be given the same.
     pub lines_bytes: usize,
+    /// The smallest message a rank lends to a same-host peer that overwrites its buffer with
+    /// it (a ring allgather's), for the peer to copy straight out of this rank's memory
+    /// (`process_vm_readv`, where the ptrace rules allow; `BCL_SINGLE_COPY_BYTES`; 0: never).
+    /// Each rank decides for itself.
+    pub single_copy_bytes: usize,
 }
 
 /// [`CommConfig::lines_bytes`] unless configured: all the lines hold, since they measured
 /// faster than the planned path at every size up to there (docs/small-messages.md).
 pub const LINES_BYTES: usize = limits::LINES_BYTES.max;
+
+/// [`CommConfig::single_copy_bytes`] unless configured.
+pub const SINGLE_COPY_BYTES: usize = 64 << 10;
 
 impl Default for CommConfig {
     fn default() -> Self {
@@ -200,6 +208,7 @@ impl Default for CommConfig {
             topology: None,
             shares: Shares::BySpeed,
             lines_bytes: LINES_BYTES,
+            single_copy_bytes: SINGLE_COPY_BYTES,
         }
     }
 }
@@ -225,6 +234,7 @@ impl CommConfig {
         TIMEOUT.check("CommConfig::op_timeout", self.op_timeout)?;
         SLICE_BYTES.check("CommConfig::slice_bytes", self.slice_bytes)?;
         limits::LINES_BYTES.check("CommConfig::lines_bytes", self.lines_bytes)?;
+        limits::SINGLE_COPY_BYTES.check("CommConfig::single_copy_bytes", self.single_copy_bytes)?;
         if let Some(spin) = self.spin {
             SPIN.check("CommConfig::spin", spin)?;
         }
@@ -250,8 +260,9 @@ mod tests {
     fn a_config_built_in_code_is_checked_like_the_environment() {
         assert!(CommConfig::default().validate().is_ok());
         type Spoil = fn(&mut CommConfig);
-        let cases: [(&str, Spoil); 10] = [
+        let cases: [(&str, Spoil); 11] = [
             ("lines_bytes", |c| c.lines_bytes = 3561),
+            ("single_copy_bytes", |c| c.single_copy_bytes = 2 << 30),
             ("sockets_per_peer", |c| c.sockets_per_peer = 0),
             ("sockets_per_op", |c| c.sockets_per_op = Some(1000)),
             ("init_timeout", |c| c.init_timeout = Duration::ZERO),

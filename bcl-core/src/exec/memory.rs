@@ -115,6 +115,16 @@ impl<'a> Bindings<'a> {
         }
     }
 
+    /// The bytes of `r`, where they lie in host memory (`None`: on a device).
+    pub(super) fn host(&self, r: Region, esize: usize) -> Result<Option<&[u8]>, ExecError> {
+        let range = byte_range(r, esize);
+        match self.get(r.buffer)? {
+            Memory::HostRead(b) => slice(b, range, r).map(Some),
+            Memory::HostWrite(b) => slice(b, range, r).map(Some),
+            Memory::Device(_) => Ok(None),
+        }
+    }
+
     /// The bytes of `r` to be written, where they lie in host memory (`None`: on a device,
     /// reached through the Accelerator only).
     pub(super) fn host_mut(

@@ -22,7 +22,7 @@ pub use stats::{Measurements, PeerBytes};
 use crate::schedule::{Action, Plan};
 use crate::signature::Signature;
 use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream};
-use bcl_transport::{Landing, Tag, Transport, TransportError};
+use bcl_transport::{Landing, LoanId, Tag, Transport, TransportError};
 use signatures::SignatureExchange;
 use sink::{Sink, record_link_rate};
 use std::time::Instant;
@@ -77,6 +77,9 @@ pub struct OpContext<'a> {
     pub signature: Signature,
     /// Where the executor reads the time.
     pub clock: &'a dyn Clock,
+    /// The smallest message lent where the plan allows it (`Action::Send::lend`) and the
+    /// transport can (`bcl_transport::Lend`); 0: never.
+    pub lend_bytes: usize,
 }
 
 impl OpContext<'_> {
@@ -125,6 +128,11 @@ pub struct Executor<'p> {
     /// copies asynchronously at all.
     downloads: Vec<(usize, Box<dyn Download>)>,
     downloads_ahead: Option<bool>,
+    /// Send steps whose bytes were lent (single copy), with the loan: each is done once the
+    /// peer has copied them.
+    loans: Vec<(usize, LoanId)>,
+    /// A loan was made since the last `poll` (something moved).
+    lent: bool,
 }
 
 /// The vectors an executor works in, kept between operations by whoever drives them.
@@ -138,6 +146,7 @@ pub struct ExecScratch {
     peer_bytes: Vec<[u64; 2]>,
     link_rates: Vec<(usize, f32)>,
     peer_marks: Vec<bool>,
+    loans: Vec<(usize, LoanId)>,
 }
 
 /// The most device-to-host copies an executor keeps in flight ahead of their sends.
@@ -162,6 +171,7 @@ impl<'p> Executor<'p> {
             mut peer_bytes,
             mut link_rates,
             peer_marks,
+            mut loans,
         } = scratch;
         let n = plan.steps.len();
         waiting_for.clear();
@@ -174,6 +184,7 @@ impl<'p> Executor<'p> {
         peer_bytes.clear();
         peer_bytes.resize(world, [0; 2]);
         link_rates.clear();
+        loans.clear();
         Executor {
             plan,
             waiting_for,
@@ -190,6 +201,8 @@ impl<'p> Executor<'p> {
             device_secs: 0.0,
             downloads: Vec::new(),
             downloads_ahead: None,
+            loans,
+            lent: false,
         }
     }
 
@@ -204,6 +217,7 @@ impl<'p> Executor<'p> {
             peer_bytes: self.peer_bytes,
             link_rates: self.link_rates,
             peer_marks: self.peer_marks,
+            loans: self.loans,
         }
     }
 
@@ -334,6 +348,7 @@ impl<'p> Executor<'p> {
                 i += 1;
             }
         }
+        moved |= std::mem::take(&mut self.lent);
         if moved {
             self.last_progress = ctx.clock.now();
         }
@@ -349,8 +364,39 @@ impl<'p> Executor<'p> {
     ) -> Result<bool, ExecError> {
         let esize = ctx.dtype.size();
         match &self.plan.steps[index].action {
-            Action::Send { peer, tag, from } => {
+            Action::Send {
+                peer,
+                tag,
+                from,
+                lend,
+            } => {
                 let (peer, tag) = (*peer, *tag);
+                // Lent: done once the peer has copied the bytes out of `from`.
+                if let Some(at) = self.loans.iter().position(|(s, _)| *s == index) {
+                    let loan = self.loans[at].1;
+                    let back = match transport.lend() {
+                        Some(lender) => lender.returned(peer, loan)?,
+                        None => false,
+                    };
+                    if back {
+                        self.loans.swap_remove(at);
+                    }
+                    return Ok(back);
+                }
+                let len = from.len * esize;
+                if *lend
+                    && ctx.lend_bytes > 0
+                    && len >= ctx.lend_bytes
+                    && let Some(bytes) = memory.host(*from, esize)?
+                    && transport.lend().is_some_and(|l| l.reaches(peer))
+                {
+                    if let Some(loan) = self.signatures.lend(transport, ctx, peer, tag, bytes)? {
+                        self.loans.push((index, loan));
+                        self.peer_bytes[peer][0] += len as u64;
+                        self.lent = true;
+                    }
+                    return Ok(false);
+                }
                 let sent = match self.downloads.iter().position(|(s, _)| *s == index) {
                     // Its bytes were copied off the device ahead of this step.
                     Some(at) => {

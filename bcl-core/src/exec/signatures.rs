@@ -11,7 +11,7 @@
 use super::{ExecError, OpContext};
 use crate::schedule::{Action, Plan};
 use crate::signature::{SIGNATURE_BYTES, Signature};
-use bcl_transport::{Received, Transport};
+use bcl_transport::{LoanId, Received, Transport};
 
 /// The plan-local tag of every signature message.
 pub(super) const SIGNATURE_TAG: u32 = u32::MAX;
@@ -95,6 +95,28 @@ impl SignatureExchange {
         }
         self.state[peer] &= !TO_SEND;
         Ok(transport.try_send(peer, ctx.tag(tag), bytes)?)
+    }
+
+    /// Lend one message of the plan to `peer` (see `bcl_transport::Lend`), the signature
+    /// sent ahead of the first. `Ok(None)`: not now, try again later.
+    pub(super) fn lend(
+        &mut self,
+        transport: &mut dyn Transport,
+        ctx: &OpContext<'_>,
+        peer: usize,
+        tag: u32,
+        bytes: &[u8],
+    ) -> Result<Option<LoanId>, ExecError> {
+        if self.state[peer] & TO_SEND != 0 {
+            if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
+                return Ok(None);
+            }
+            self.state[peer] &= !TO_SEND;
+        }
+        let lender = transport.lend().ok_or_else(|| {
+            ExecError::Binding("a loan over a transport that does not lend".into())
+        })?;
+        Ok(lender.offer(peer, ctx.tag(tag), bytes)?)
     }
 
     /// Take and check the signature messages that have arrived; a mismatch is a desync

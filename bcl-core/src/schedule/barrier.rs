@@ -18,6 +18,7 @@ pub(crate) fn dissemination(b: &mut PlanBuilder, layout: &Layout) {
                 peer: (rank + distance) % n,
                 tag: round,
                 from: empty,
+                lend: false,
             },
             &previous,
         );

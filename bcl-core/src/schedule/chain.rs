@@ -66,6 +66,7 @@ pub(crate) fn broadcast(
                 peer: next,
                 tag,
                 from: Region::new(source, o, l),
+                lend: false,
             });
         }
     }
@@ -119,6 +120,7 @@ pub(crate) fn reduce(
                 peer: next,
                 tag,
                 from: region,
+                lend: false,
             });
         } else if reduction.average {
             b.push(Action::Divide { region });

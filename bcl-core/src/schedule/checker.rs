@@ -416,7 +416,9 @@ fn run_step(
     let action = ranks[r].plan.steps[i].action.clone();
     let at = |e: String| format!("rank {r} step {i} {action:?}: {e}");
     match &action {
-        Action::Send { peer, tag, from } => {
+        Action::Send {
+            peer, tag, from, ..
+        } => {
             if *peer >= n || *peer == r {
                 return Err(at(format!("bad peer {peer}")));
             }

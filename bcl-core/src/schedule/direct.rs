@@ -30,6 +30,7 @@ fn send_block(
             peer,
             tag,
             from: Region::new(buffer, at + o, l),
+            lend: false,
         });
     });
 }

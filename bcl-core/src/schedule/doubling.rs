@@ -100,6 +100,7 @@ pub(crate) fn allreduce(
                 peer: rank + 1,
                 tag: 0,
                 from,
+                lend: false,
             });
         } else {
             b.push(Action::Recv {
@@ -128,6 +129,7 @@ pub(crate) fn allreduce(
             peer: partner,
             tag: r + 1,
             from,
+            lend: false,
         });
         b.push(Action::Recv {
             peer: partner,
@@ -146,6 +148,7 @@ pub(crate) fn allreduce(
             peer: rank - 1,
             tag: final_tag,
             from: buf,
+            lend: false,
         });
     }
 }

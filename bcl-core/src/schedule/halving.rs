@@ -62,6 +62,7 @@ impl Swap {
                 peer: self.peer,
                 tag: self.tag + i,
                 from: piece,
+                lend: false,
             });
         }
         for (i, piece) in self.into.into_iter().flat_map(|r| pieces(r, slice)) {

@@ -184,10 +184,16 @@ fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, plac
     b.scratch(place.scratch_at + sub.scratch_elems);
     for step in &sub.steps {
         let action = match &step.action {
-            Action::Send { peer, tag, from } => Action::Send {
+            Action::Send {
+                peer,
+                tag,
+                from,
+                lend,
+            } => Action::Send {
                 peer: members[*peer],
                 tag: tag_base + tag,
                 from: place.map(*from),
+                lend: *lend,
             },
             Action::Recv {
                 peer,
@@ -278,6 +284,7 @@ pub(crate) fn allreduce(
                 peer: owner,
                 tag,
                 from: Region::new(source, at, len),
+                lend: false,
             });
         }
     }
@@ -322,6 +329,7 @@ pub(crate) fn allreduce(
                         peer,
                         tag,
                         from: region,
+                        lend: false,
                     });
                 }
             } else if len > 0 {
@@ -565,6 +573,7 @@ pub(crate) fn reduce_scatter(
                     peer: owner,
                     tag,
                     from,
+                    lend: false,
                 });
                 continue;
             }
@@ -606,6 +615,7 @@ pub(crate) fn reduce_scatter(
                     peer: block,
                     tag: tag + (1 << RAIL_SHIFT),
                     from,
+                    lend: false,
                 });
             }
         }
@@ -650,6 +660,7 @@ pub(crate) fn all_gather(
                         peer,
                         tag,
                         from: region,
+                        lend: false,
                     });
                 }
             } else if me == owner {
@@ -667,6 +678,7 @@ pub(crate) fn all_gather(
                         peer,
                         tag: tag + (1 << RAIL_SHIFT),
                         from: region,
+                        lend: false,
                     });
                 }
             } else {

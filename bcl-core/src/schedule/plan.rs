@@ -45,8 +45,15 @@ impl Region {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Action {
-    /// Send `from` to `peer` labelled `tag`.
-    Send { peer: usize, tag: u32, from: Region },
+    /// Send `from` to `peer` labelled `tag`. With `lend`, the receiver overwrites its region
+    /// with it, so the transport may let it copy the bytes straight out of `from` (single copy,
+    /// see `bcl_transport::Lend`); the step then ends when the receiver has.
+    Send {
+        peer: usize,
+        tag: u32,
+        from: Region,
+        lend: bool,
+    },
     /// Receive the message `tag` from `peer` into `into`, reducing with what is there when
     /// `reduce` is set, else overwriting. With a `seed`, `into` is first set from it when the
     /// message arrives (`into = seed ⊕ message`): an out-of-place reduction touches each

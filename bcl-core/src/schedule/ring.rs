@@ -88,6 +88,9 @@ fn ring_pass(
                     peer: next,
                     tag,
                     from,
+                    // An overwriting pass (the allgather) may let the next rank copy the
+                    // slice straight out of this rank's buffer.
+                    lend: true,
                 });
             }
             let into = chunks.region(buf, recv_chunk, s);

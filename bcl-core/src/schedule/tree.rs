@@ -132,6 +132,7 @@ pub(crate) fn allreduce(
                     peer: *parent,
                     tag: tag(s, t, false),
                     from,
+                    lend: false,
                 });
             }
             None if reduction.average => {
@@ -157,6 +158,7 @@ pub(crate) fn allreduce(
                 peer: child,
                 tag: tag(s, t, true),
                 from: region,
+                lend: false,
             });
         }
     }

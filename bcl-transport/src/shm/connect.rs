@@ -121,7 +121,7 @@ impl ShmTransport {
             inbound.insert(*peer, (name, Consumer::new(seg, capacity)));
             wanted.push((*peer, peer_id, peer_pid));
         }
-        let mut outbound: HashMap<usize, Producer> = HashMap::new();
+        let mut outbound: HashMap<usize, (Producer, Box<[u8; 32]>)> = HashMap::new();
         loop {
             for (peer, peer_id, _) in &wanted {
                 if outbound.contains_key(peer) {
@@ -160,8 +160,13 @@ impl ShmTransport {
                         id.producer_rank, id.consumer_rank
                     )));
                 }
-                let proof = secret.prove(PRODUCER_ROLE, &NO_NONCE, &NO_NONCE, name.as_bytes());
-                outbound.insert(*peer, Producer::attach(seg, cap, pid, &proof));
+                // The proof also stays in this process's memory, where the consumer reads it
+                // to find out whether it can copy straight from here (single copy).
+                let proof =
+                    Box::new(secret.prove(PRODUCER_ROLE, &NO_NONCE, &NO_NONCE, name.as_bytes()));
+                let probe_addr = proof.as_ptr() as u64;
+                let producer = Producer::attach(seg, cap, pid, &proof, probe_addr);
+                outbound.insert(*peer, (producer, proof));
                 // Both sides have it mapped once we are attached: the name may go.
                 let _ = sys::unlink(&name);
             }
@@ -204,9 +209,16 @@ impl ShmTransport {
                     ),
                 });
             }
-            let out = outbound
+            let (out, probe) = outbound
                 .remove(&peer)
                 .unwrap_or_else(|| unreachable!("every wanted peer has an outbound ring"));
+            // Can this rank read the peer's memory (same user, and ptrace rules that allow
+            // it)? The peer lends to it (single copy) only if so.
+            let mut seen = [0u8; 32];
+            let borrows =
+                sys::read_process(peer_pid, inp.probe_addr(), &mut seen).is_ok() && seen == proof;
+            inp.set_borrows(borrows);
+            tracing::debug!(peer, borrows, "single copy from the peer's memory");
             let doorbell = SocketAddr::from_abstract_name(doorbell_name(&peer_id).as_bytes())
                 .map_err(|source| TransportError::Setup {
                     what: format!("naming rank {peer}'s doorbell"),
@@ -226,6 +238,9 @@ impl ShmTransport {
                 pending: None,
                 partial: Vec::new(),
                 partial_tag: None,
+                _probe: probe,
+                next_loan: 1,
+                lent: Vec::new(),
             });
         }
         self.unlink_created();

@@ -15,6 +15,11 @@
 //! until the executor asks for them: `try_recv_with` hands a record to it in place (the reduction
 //! reads the ring directly), and only records passed over on the way to another tag, or drained
 //! because the ring is half full or its producer waits for room, are copied into pooled buffers.
+//! Single copy: a message the core lends ([`Lend`]) travels as a loan record (where its bytes
+//! lie in the sender's memory); the receiver copies them with `process_vm_readv` straight into
+//! its destination and gives the loan back through a word in the ring (see `ring.rs`). Each
+//! rank finds out at setup whether it may read each peer's memory and says so in the ring;
+//! peers lend only to ranks that can.
 //! Wake-ups: a side about to sleep sets its `parked` flag in
 //! the ring (see `ring.rs`); the other side then rings its doorbell, a datagram to an abstract
 //! unix socket named after the endpoint, which `wait` sleeps on with `poll(2)` beside a pidfd per
@@ -34,7 +39,8 @@ use crate::auth::Secret;
 use crate::error::TransportError;
 use crate::keys::KeyMap;
 use crate::transport::{
-    Capabilities, Collected, Lines, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+    Capabilities, Collected, Landing, Lend, Lines, LoanId, MemoryKind, PeerAddress, Readiness,
+    Received, Tag, Transport,
 };
 use ring::{Consumer, Producer};
 use std::collections::VecDeque;
@@ -89,6 +95,37 @@ struct Peer {
     /// The message being reassembled from fragments.
     partial: Vec<u8>,
     partial_tag: Option<Tag>,
+    /// This rank's proof, where the peer reads it to find out whether it can read this
+    /// process's memory (kept for as long as the ring).
+    _probe: Box<[u8; 32]>,
+    /// The number of the next loan to the peer (from 1).
+    next_loan: LoanId,
+    /// Loans to the peer not yet seen back.
+    lent: Vec<LoanId>,
+}
+
+/// A message a peer lent: `len` bytes at `addr` in its process.
+#[derive(Clone, Copy, Debug)]
+struct Loan {
+    id: LoanId,
+    addr: u64,
+    len: usize,
+}
+
+/// A message taken off a ring before it was asked for.
+#[derive(Debug)]
+enum Queued {
+    Bytes(Vec<u8>),
+    Loan(Loan),
+}
+
+/// What looking for a message found.
+enum Found {
+    Nothing,
+    /// Handed to the caller's closure where it lay in the ring.
+    Delivered,
+    Bytes(Vec<u8>),
+    Loan(Loan),
 }
 
 impl Peer {
@@ -115,7 +152,7 @@ pub struct ShmTransport {
     doorbell: UnixDatagram,
     /// By rank; `None` for ranks this endpoint is not connected with.
     peers: Vec<Option<Peer>>,
-    inbox: KeyMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    inbox: KeyMap<(usize, Tag), VecDeque<Queued>>,
     pool: Vec<Vec<u8>>,
     /// Ring names this endpoint created and has not unlinked yet.
     created: Vec<String>,
@@ -244,15 +281,17 @@ impl ShmTransport {
     }
 
     /// Take records off `peer`'s ring in order. A message under `want` that is one whole
-    /// record is handed to `deliver` in place, which ends the walk; every other record is copied
-    /// into the inbox (or into the message being reassembled from fragments). `want` `None`:
-    /// copy everything. Returns (whether records were taken, whether `deliver` was called).
+    /// record is handed to `deliver` in place (or returned, if it is a loan), which ends the
+    /// walk; every other record is copied into the inbox (or into the message being
+    /// reassembled from fragments). `want` `None`: copy everything. Returns whether records
+    /// were taken, and what was found under `want` ([`Found::Nothing`] or what ended the walk).
     fn walk(
         &mut self,
         peer: usize,
         want: Option<Tag>,
         deliver: &mut dyn FnMut(&[u8], Option<Duration>),
-    ) -> Result<(bool, bool), TransportError> {
+    ) -> Result<(bool, Found), TransportError> {
+        let max = self.config.max_message;
         let ShmTransport {
             peers,
             inbox,
@@ -269,20 +308,43 @@ impl ShmTransport {
             reason,
         };
         let mut taken = false;
-        let mut delivered = false;
+        let mut found = Found::Nothing;
         while let Some(record) = p.inp.peek().map_err(protocol)? {
             taken = true;
-            if p.partial_tag.is_some_and(|t| t != record.tag) {
+            if p.partial_tag
+                .is_some_and(|t| t != record.tag || record.loan)
+            {
                 return Err(protocol(format!(
-                    "a fragment of tag {:#x} interrupted a message of tag {:#x}",
+                    "a record of tag {:#x} interrupted a message of tag {:#x}",
                     record.tag,
                     p.partial_tag.unwrap_or_default()
                 )));
             }
+            if record.loan {
+                let (addr, len, id) = p.inp.loan(&record);
+                p.inp.consume(&record);
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if len > max || id == 0 {
+                    return Err(protocol(format!(
+                        "a loan of {len} bytes numbered {id} (at most {max} bytes, numbers \
+                         from 1)"
+                    )));
+                }
+                let loan = Loan { id, addr, len };
+                if want == Some(record.tag) {
+                    found = Found::Loan(loan);
+                    break;
+                }
+                inbox
+                    .entry((peer, record.tag))
+                    .or_default()
+                    .push_back(Queued::Loan(loan));
+                continue;
+            }
             if want == Some(record.tag) && record.last && p.partial_tag.is_none() {
                 deliver(p.inp.bytes(&record), None);
                 p.inp.consume(&record);
-                delivered = true;
+                found = Found::Delivered;
                 break;
             }
             p.partial.extend_from_slice(p.inp.bytes(&record));
@@ -295,7 +357,7 @@ impl ShmTransport {
                 inbox
                     .entry((peer, record.tag))
                     .or_default()
-                    .push_back(message);
+                    .push_back(Queued::Bytes(message));
             } else {
                 p.partial_tag = Some(record.tag);
             }
@@ -303,11 +365,63 @@ impl ShmTransport {
         if p.inp.release() {
             let _ = doorbell.send_to_addr(&[1], &p.doorbell);
         }
-        Ok((taken, delivered))
+        Ok((taken, found))
     }
 
-    /// The next queued (already copied) message from `peer` under `tag`.
-    fn queued(&mut self, peer: usize, tag: Tag) -> Option<Vec<u8>> {
+    /// The next message from `peer` under `tag`: from the inbox, or off the ring (handed to
+    /// `deliver` in place where it lies there whole).
+    fn find(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        deliver: &mut dyn FnMut(&[u8], Option<Duration>),
+    ) -> Result<Found, TransportError> {
+        let queued = match self.queued(peer, tag) {
+            Some(q) => Some(q),
+            None => {
+                if !self.peer(peer)?.inp.has_data() {
+                    return Ok(Found::Nothing);
+                }
+                match self.walk(peer, Some(tag), deliver)?.1 {
+                    Found::Nothing => self.queued(peer, tag),
+                    found => return Ok(found),
+                }
+            }
+        };
+        Ok(match queued {
+            Some(Queued::Bytes(b)) => Found::Bytes(b),
+            Some(Queued::Loan(l)) => Found::Loan(l),
+            None => Found::Nothing,
+        })
+    }
+
+    /// Copy loan `loan` of `peer` into `dest` (its length) from the peer's memory, and give
+    /// it back.
+    fn borrow(&mut self, peer: usize, loan: Loan, dest: &mut [u8]) -> Result<(), TransportError> {
+        let p = self.peer(peer)?;
+        sys::read_process(p.pid, loan.addr, dest).map_err(|source| TransportError::Io {
+            op: "copy a lent message out of the peer's memory (process_vm_readv)",
+            peer,
+            addr: p.label.clone(),
+            source,
+        })?;
+        if p.inp.give_back(loan.id) {
+            self.ring(p);
+        }
+        Ok(())
+    }
+
+    /// Copy loan `loan` of `peer` into a pooled buffer.
+    fn borrow_pooled(&mut self, peer: usize, loan: Loan) -> Result<Vec<u8>, TransportError> {
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(loan.len, 0);
+        let copied = self.borrow(peer, loan, &mut buf);
+        copied.map(|()| buf)
+    }
+
+    /// The next queued (already taken off the ring) message from `peer` under `tag`.
+    fn queued(&mut self, peer: usize, tag: Tag) -> Option<Queued> {
         if self.inbox.is_empty() {
             return None;
         }
@@ -385,25 +499,16 @@ impl Transport for ShmTransport {
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        let Some(p) = self.peers.get(peer).and_then(Option::as_ref) else {
-            return Err(TransportError::UnknownPeer { peer });
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.clear();
+        let data = match self.find(peer, tag, &mut |bytes, _| buf.extend_from_slice(bytes))? {
+            Found::Delivered => Some(std::mem::take(&mut buf)),
+            Found::Bytes(b) => Some(b),
+            Found::Loan(loan) => Some(self.borrow_pooled(peer, loan)?),
+            Found::Nothing => None,
         };
-        let arrived = p.inp.has_data();
-        let mut data = self.queued(peer, tag);
-        if data.is_none() && arrived {
-            let mut buf = self.pool.pop().unwrap_or_default();
-            buf.clear();
-            let mut copied = false;
-            self.walk(peer, Some(tag), &mut |bytes, _| {
-                buf.extend_from_slice(bytes);
-                copied = true;
-            })?;
-            data = if copied {
-                Some(buf)
-            } else {
-                self.pool.push(buf);
-                self.queued(peer, tag)
-            };
+        if buf.capacity() > 0 && self.pool.len() < POOL_LIMIT {
+            self.pool.push(buf);
         }
         Ok(data.map(|data| Received {
             peer,
@@ -419,23 +524,56 @@ impl Transport for ShmTransport {
         tag: Tag,
         consume: &mut dyn FnMut(&[u8], Option<Duration>),
     ) -> Result<bool, TransportError> {
-        let data = match self.queued(peer, tag) {
-            Some(data) => data,
-            None => {
-                if self.walk(peer, Some(tag), consume)?.1 {
-                    return Ok(true);
-                }
-                match self.queued(peer, tag) {
-                    Some(data) => data,
-                    None => return Ok(false),
-                }
-            }
+        let data = match self.find(peer, tag, consume)? {
+            Found::Delivered => return Ok(true),
+            Found::Nothing => return Ok(false),
+            Found::Bytes(b) => b,
+            Found::Loan(loan) => self.borrow_pooled(peer, loan)?,
         };
         consume(&data, None);
         if self.pool.len() < POOL_LIMIT {
             self.pool.push(data);
         }
         Ok(true)
+    }
+
+    fn try_recv_into(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        dest: &mut [u8],
+    ) -> Result<Landing, TransportError> {
+        let mut landing = Landing::Pending;
+        let fill = |data: &[u8], dest: &mut [u8]| {
+            if data.len() == dest.len() {
+                dest.copy_from_slice(data);
+                Landing::Filled(None)
+            } else {
+                Landing::WrongLength(data.len())
+            }
+        };
+        match self.find(peer, tag, &mut |data, _| landing = fill(data, dest))? {
+            Found::Delivered | Found::Nothing => {}
+            Found::Bytes(b) => {
+                landing = fill(&b, dest);
+                if self.pool.len() < POOL_LIMIT {
+                    self.pool.push(b);
+                }
+            }
+            // Straight from the peer's memory into the destination: the single copy.
+            Found::Loan(loan) if loan.len == dest.len() => {
+                self.borrow(peer, loan, dest)?;
+                landing = Landing::Filled(None);
+            }
+            Found::Loan(loan) => {
+                let p = self.peer(peer)?;
+                if p.inp.give_back(loan.id) {
+                    self.ring(p);
+                }
+                landing = Landing::WrongLength(loan.len);
+            }
+        }
+        Ok(landing)
     }
 
     fn release(&mut self, message: Received) {
@@ -484,6 +622,18 @@ impl Transport for ShmTransport {
             if let Some(pending) = &p.pending {
                 ready |= p.out.park(pending.data.len() - pending.sent);
             }
+            if !p.lent.is_empty() {
+                // Loans seen back here are forgotten, so that one given back after its
+                // operation was abandoned does not keep this rank awake.
+                let out = p.lent.len();
+                if p.out.park_lender(&p.lent) {
+                    let Peer {
+                        lent, out: ring, ..
+                    } = p;
+                    lent.retain(|&id| !ring.returned(id));
+                }
+                ready |= p.lent.len() < out;
+            }
             if let Some(fd) = &p.pidfd {
                 fds.push((fd.as_raw_fd(), false));
             }
@@ -518,6 +668,71 @@ impl Transport for ShmTransport {
 
     fn lines(&mut self) -> Option<&mut dyn Lines> {
         Some(self)
+    }
+
+    fn lend(&mut self) -> Option<&mut dyn Lend> {
+        Some(self)
+    }
+}
+
+impl Lend for ShmTransport {
+    fn reaches(&mut self, peer: usize) -> bool {
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.out.consumer_borrows() == Some(true))
+    }
+
+    fn offer(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        data: &[u8],
+    ) -> Result<Option<LoanId>, TransportError> {
+        let max = self.config.max_message;
+        let p = self.peer(peer)?;
+        if p.out.consumer_closed() {
+            return Err(self.closed_error(peer));
+        }
+        if data.len() > max {
+            return Err(TransportError::TooLarge {
+                peer,
+                len: data.len(),
+                max,
+            });
+        }
+        if p.pending.is_some() {
+            self.push_pending(peer);
+            return Ok(None);
+        }
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(TransportError::UnknownPeer { peer });
+        };
+        let id = p.next_loan;
+        if id > ring::LOAN_SLOTS && !p.out.returned(id - ring::LOAN_SLOTS) {
+            return Ok(None);
+        }
+        if p.out.room(ring::LOAN_BYTES) < ring::LOAN_BYTES {
+            return Ok(None);
+        }
+        p.out.push_loan(tag, data.as_ptr() as u64, data.len(), id);
+        p.next_loan += 1;
+        p.lent.push(id);
+        if p.out.publish() {
+            let _ = self.doorbell.send_to_addr(&[1], &p.doorbell);
+        }
+        Ok(Some(id))
+    }
+
+    fn returned(&mut self, peer: usize, loan: LoanId) -> Result<bool, TransportError> {
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(TransportError::UnknownPeer { peer });
+        };
+        if !p.out.returned(loan) {
+            return Ok(false);
+        }
+        p.lent.retain(|&id| id != loan);
+        Ok(true)
     }
 }
 

@@ -4,10 +4,14 @@
 //! ```text
 //!   0     header, written once by the consumer (creator): magic (last), version, capacity,
 //!         ranks, the consumer's pid, the creator's proof of the communicator secret
-//!   128   producer's line: tail, attached, closed, pid, the producer's proof
-//!   256   consumer's line: head, closed
+//!   128   producer's line: tail, attached, closed, pid, the producer's proof, where that
+//!         proof lies in the producer's memory (for the consumer's single-copy probe)
+//!   256   consumer's line: head, closed, whether the consumer can read the producer's memory
 //!   384   consumer_parked, alone on its line
 //!   512   producer_parked, alone on its line
+//!   640   lender_parked (the producer waits for a loan to come back), alone on its line
+//!   1024  returns: 64 words, the consumer's, each the number of the last loan it gave back
+//!         with that number modulo 64
 //!   4096  lines: small messages with their flags (see `lines.rs`), written by the producer
 //!   12288 data: `capacity` bytes (a power of two) of records
 //! ```
@@ -23,6 +27,13 @@
 //! after every publication but written only around a sleep, have lines of their own so that
 //! reading them does not miss each time the other side moves `tail` or `head`.
 //!
+//! Loans (single copy): a record flagged LOAN carries no data but where the data lies in the
+//! producer's memory (address, length, the loan's number); the consumer copies it from there
+//! straight into its destination with `process_vm_readv` and then stores the number in its
+//! return word, which the producer waits for before it touches those bytes again. The producer
+//! lends only where the consumer said at setup that it can read its memory (the ptrace rules
+//! may refuse it): it read the producer's proof from the address the producer gave.
+//!
 //! Parking without lost wake-ups: a side about to sleep sets its `parked` flag, fences, and
 //! looks once more; the other side, after publishing, fences and rings the sleeper's doorbell if
 //! the flag is set. Either the sleeper sees the new data or the publisher sees the flag.
@@ -37,12 +48,18 @@ use crate::transport::Tag;
 use std::sync::atomic::{Ordering, fence};
 
 pub const MAGIC: u64 = 0x6263_6c2d_7368_6d31; // "bcl-shm1"
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const DATA: usize = super::lines::LINES + super::lines::AREA;
 pub const RECORD_HEADER: usize = 16;
 const FLAG_LAST: u32 = 1;
 /// The rest of the data area is padding: the next record starts at offset 0.
 const FLAG_SKIP: u32 = 2;
+/// The record is a loan (always with `FLAG_LAST`): [`LOAN_BYTES`] of address, length, number.
+const FLAG_LOAN: u32 = 4;
+const LOAN: u32 = FLAG_LAST | FLAG_LOAN;
+pub const LOAN_BYTES: usize = 24;
+/// Loans one producer may have out at once (one return word each).
+pub const LOAN_SLOTS: u64 = 64;
 
 // Header fields.
 const OFF_MAGIC: usize = 0;
@@ -59,10 +76,14 @@ const OFF_ATTACHED: usize = 140;
 const OFF_PRODUCER_CLOSED: usize = 144;
 const OFF_PRODUCER_PID: usize = 152;
 const OFF_PRODUCER_PROOF: usize = 160;
+const OFF_PROBE_ADDR: usize = 192;
+const OFF_LENDER_PARKED: usize = 640;
 // Consumer's line.
 const OFF_HEAD: usize = 256;
 const OFF_CONSUMER_PARKED: usize = 384;
 const OFF_CONSUMER_CLOSED: usize = 268;
+const OFF_BORROWS: usize = 272;
+const OFF_RETURNS: usize = 1024;
 
 fn pad16(n: usize) -> usize {
     n.div_ceil(16) * 16
@@ -156,10 +177,19 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Attach to a checked segment: announce our pid and proof.
-    pub fn attach(seg: Segment, capacity: usize, pid: u32, proof: &[u8; 32]) -> Producer {
+    /// Attach to a checked segment: announce our pid and proof, and `probe_addr`, where the
+    /// same proof lies in this process's memory for as long as the ring does.
+    pub fn attach(
+        seg: Segment,
+        capacity: usize,
+        pid: u32,
+        proof: &[u8; 32],
+        probe_addr: u64,
+    ) -> Producer {
         seg.atomic_u64(OFF_PRODUCER_PID)
             .store(u64::from(pid), Ordering::Relaxed);
+        seg.atomic_u64(OFF_PROBE_ADDR)
+            .store(probe_addr, Ordering::Relaxed);
         // SAFETY: the producer's own field: the consumer reads it only once it sees
         // OFF_ATTACHED, stored just after with release.
         unsafe { seg.write(OFF_PRODUCER_PROOF, proof) };
@@ -211,6 +241,31 @@ impl Producer {
         self.capacity / 2 - RECORD_HEADER
     }
 
+    /// Whether the consumer found at setup that it can read this process's memory: `None`
+    /// while it has not said yet.
+    pub fn consumer_borrows(&self) -> Option<bool> {
+        match self.seg.atomic_u32(OFF_BORROWS).load(Ordering::Acquire) {
+            0 => None,
+            v => Some(v == 1),
+        }
+    }
+
+    /// Whether loan `id` has come back (the consumer's return word for it has reached it; a
+    /// word holds loans of one residue in increasing order).
+    pub fn returned(&self, id: u64) -> bool {
+        let at = OFF_RETURNS + 8 * (id % LOAN_SLOTS) as usize;
+        self.seg.atomic_u64(at).load(Ordering::Acquire) >= id
+    }
+
+    /// Say we are about to sleep waiting for loans `ids`; true when one came back meanwhile.
+    pub fn park_lender(&self, ids: &[u64]) -> bool {
+        self.seg
+            .atomic_u32(OFF_LENDER_PARKED)
+            .store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        ids.iter().any(|&id| self.returned(id))
+    }
+
     fn write_header(&mut self, tag: Tag, len: usize, flags: u32) {
         let mut header = [0u8; RECORD_HEADER];
         header[..8].copy_from_slice(&tag.to_le_bytes());
@@ -224,6 +279,20 @@ impl Producer {
 
     /// Write one record (not yet visible to the consumer). The caller checked `room`.
     pub fn push(&mut self, tag: Tag, fragment: &[u8], last: bool) {
+        self.push_record(tag, fragment, if last { FLAG_LAST } else { 0 });
+    }
+
+    /// Write a loan record: `len` bytes at `addr` in this process, loan number `id`. The
+    /// caller checked `room(LOAN_BYTES)`.
+    pub fn push_loan(&mut self, tag: Tag, addr: u64, len: usize, id: u64) {
+        let mut loan = [0u8; LOAN_BYTES];
+        loan[..8].copy_from_slice(&addr.to_le_bytes());
+        loan[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        loan[16..].copy_from_slice(&id.to_le_bytes());
+        self.push_record(tag, &loan, FLAG_LAST | FLAG_LOAN);
+    }
+
+    fn push_record(&mut self, tag: Tag, fragment: &[u8], flags: u32) {
         let size = RECORD_HEADER + pad16(fragment.len());
         let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));
         if size > to_end {
@@ -231,7 +300,7 @@ impl Producer {
             self.tail += to_end as u64;
         }
         debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
-        self.write_header(tag, fragment.len(), if last { FLAG_LAST } else { 0 });
+        self.write_header(tag, fragment.len(), flags);
         let at = self.tail as usize & (self.capacity - 1);
         // SAFETY: as in `write_header`: free space behind the record's header.
         unsafe { self.seg.write(DATA + at + RECORD_HEADER, fragment) };
@@ -268,6 +337,9 @@ impl Producer {
         self.seg
             .atomic_u32(OFF_PRODUCER_PARKED)
             .store(0, Ordering::Relaxed);
+        self.seg
+            .atomic_u32(OFF_LENDER_PARKED)
+            .store(0, Ordering::Relaxed);
     }
 
     pub fn consumer_closed(&self) -> bool {
@@ -290,6 +362,8 @@ impl Producer {
 pub struct Record {
     pub tag: Tag,
     pub last: bool,
+    /// A loan ([`Consumer::loan`] reads it), not data.
+    pub loan: bool,
     start: usize,
     len: usize,
     size: usize,
@@ -374,6 +448,7 @@ impl Consumer {
             let valid = match flags {
                 FLAG_SKIP => size == to_end,
                 0 | FLAG_LAST => size <= to_end,
+                LOAN => len == LOAN_BYTES && size <= to_end,
                 _ => false,
             };
             if size as u64 > in_use || !valid {
@@ -390,7 +465,8 @@ impl Consumer {
             }
             return Ok(Some(Record {
                 tag,
-                last: flags == FLAG_LAST,
+                last: flags & FLAG_LAST != 0,
+                loan: flags == LOAN,
                 start: DATA + at + RECORD_HEADER,
                 len,
                 size,
@@ -403,6 +479,44 @@ impl Consumer {
         // SAFETY: a record `peek` found published; it is handed back only by `consume`, which
         // needs `&mut self` and so cannot run while this borrow lasts.
         unsafe { self.seg.slice(record.start, record.len) }
+    }
+
+    /// The loan `record` (a loan record from [`Consumer::peek`]) describes: (address in the
+    /// producer's memory, length, number).
+    pub fn loan(&self, record: &Record) -> (u64, u64, u64) {
+        let b = self.bytes(record);
+        let word = |i: usize| {
+            u64::from_le_bytes(
+                b.get(8 * i..8 * i + 8)
+                    .and_then(|w| w.try_into().ok())
+                    .unwrap_or_default(),
+            )
+        };
+        (word(0), word(1), word(2))
+    }
+
+    /// Where the producer's proof lies in its memory (announced when it attached).
+    pub fn probe_addr(&self) -> u64 {
+        self.seg.atomic_u64(OFF_PROBE_ADDR).load(Ordering::Relaxed)
+    }
+
+    /// Tell the producer whether this side can read its memory (it lends only then).
+    pub fn set_borrows(&self, can: bool) {
+        self.seg
+            .atomic_u32(OFF_BORROWS)
+            .store(if can { 1 } else { 2 }, Ordering::Release);
+    }
+
+    /// Give loan `id` back: the producer may touch its bytes again. Returns whether the
+    /// producer sleeps waiting for a loan (ring it).
+    pub fn give_back(&self, id: u64) -> bool {
+        let at = OFF_RETURNS + 8 * (id % LOAN_SLOTS) as usize;
+        self.seg.atomic_u64(at).store(id, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.seg
+            .atomic_u32(OFF_LENDER_PARKED)
+            .load(Ordering::Relaxed)
+            != 0
     }
 
     /// Free `record` (the one [`Consumer::peek`] returned last).
@@ -556,6 +670,10 @@ pub(crate) fn fuzz_consumer(ops: &[u8]) {
                         record.start + record.len <= DATA + CAPACITY,
                         "a record beyond the ring"
                     );
+                    if record.loan {
+                        assert_eq!(record.len, LOAN_BYTES, "a loan record's length");
+                        let _ = consumer.loan(&record);
+                    }
                     consumer.consume(&record);
                 }
                 Ok(None) => {}

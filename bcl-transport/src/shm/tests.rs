@@ -442,3 +442,127 @@ fn a_reader_asleep_on_its_lines_wakes_for_the_post() {
     assert_eq!(out, vec![1u8; 300]);
     drop(poster.join().expect("poster"));
 }
+
+#[test]
+fn a_lent_message_is_copied_from_the_lenders_memory_in_any_order_and_given_back() {
+    let (mut a, mut b) = pair(64 << 10);
+    assert!(
+        Lend::reaches(&mut a, 1) && Lend::reaches(&mut b, 0),
+        "in one process each endpoint can read the other's memory"
+    );
+    // Larger than the ring: a loan takes 24 bytes of it whatever its length.
+    let big: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(7) >> 3) as u8)
+        .collect();
+    let small: Vec<u8> = (0..5000u32).map(|i| (i ^ 0x5a) as u8).collect();
+    let mut loans = Vec::new();
+    for (tag, data) in [(1, &big), (2, &small), (3, &small), (4, &big)] {
+        let loan = a
+            .offer(1, tag, data)
+            .expect("offer")
+            .expect("room for a loan");
+        loans.push(loan);
+    }
+    assert!(
+        !a.returned(1, loans[0]).expect("returned"),
+        "back before it was read"
+    );
+    // Tag 2 first: the loan of tag 1 is passed over into the inbox on the way.
+    let mut out = vec![0u8; small.len()];
+    assert_eq!(
+        b.try_recv_into(0, 2, &mut out).expect("recv"),
+        Landing::Filled(None)
+    );
+    assert_eq!(out, small);
+    assert!(a.returned(1, loans[1]).expect("returned"));
+    assert!(!a.returned(1, loans[0]).expect("returned"));
+    // Straight into the destination.
+    let mut dest = vec![0u8; big.len()];
+    assert_eq!(
+        b.try_recv_into(0, 1, &mut dest).expect("recv"),
+        Landing::Filled(None)
+    );
+    assert_eq!(dest, big);
+    assert!(a.returned(1, loans[0]).expect("returned"));
+    // Handed to a closure, as a reduction takes it.
+    let mut seen = None;
+    assert!(
+        b.try_recv_with(0, 3, &mut |d, _| seen = Some(d.to_vec()))
+            .expect("recv")
+    );
+    assert_eq!(seen.as_deref(), Some(&small[..]));
+    // A destination of another length: refused and given back, the destination untouched.
+    let mut short = vec![9u8; 10];
+    assert_eq!(
+        b.try_recv_into(0, 4, &mut short).expect("recv"),
+        Landing::WrongLength(big.len())
+    );
+    assert_eq!(short, vec![9u8; 10]);
+    assert!(loans.iter().all(|&l| a.returned(1, l).expect("returned")));
+}
+
+#[test]
+fn a_lender_stops_at_the_loans_it_may_have_out_and_goes_on_as_they_come_back() {
+    let (mut a, mut b) = pair(64 << 10);
+    let data = vec![7u8; 1000];
+    let mut loans = Vec::new();
+    while let Some(loan) = a.offer(1, 1, &data).expect("offer") {
+        loans.push(loan);
+        assert!(
+            loans.len() <= ring::LOAN_SLOTS as usize,
+            "more loans out than return words"
+        );
+    }
+    assert_eq!(loans.len(), ring::LOAN_SLOTS as usize);
+    assert_eq!(recv_blocking(&mut b, 0, 1), data);
+    assert!(a.returned(1, loans[0]).expect("returned"));
+    assert!(
+        a.offer(1, 1, &data).expect("offer").is_some(),
+        "one came back: one more may go"
+    );
+}
+
+#[test]
+fn a_lender_asleep_is_woken_when_its_loan_comes_back() {
+    let (mut a, mut b) = pair(64 << 10);
+    let data = vec![3u8; 200_000];
+    let loan = a.offer(1, 6, &data).expect("offer").expect("room");
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(recv_blocking(&mut b, 0, 6), vec![3u8; 200_000]);
+        });
+        // One long wait: unless the give-back rings the doorbell it sleeps the whole 8 s.
+        a.wait(Duration::from_secs(8)).expect("wait");
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the give-back did not wake the lender"
+    );
+    assert!(a.returned(1, loan).expect("returned"));
+}
+
+#[test]
+fn a_loan_of_memory_the_lender_does_not_have_or_a_bad_loan_is_an_error_naming_it() {
+    let (mut a, mut b) = pair(64 << 10);
+    // What a broken or hostile peer could post: a loan of an address it has not mapped.
+    let p = a.peers[1].as_mut().expect("peer 1");
+    p.out.push_loan(5, 8, 4096, 1);
+    p.out.publish();
+    let mut dest = vec![0u8; 4096];
+    let e = b
+        .try_recv_into(0, 5, &mut dest)
+        .expect_err("an unmapped loan");
+    let text = e.to_string();
+    assert!(
+        text.contains("process_vm_readv") && text.contains("rank 0") && text.contains(&a.id),
+        "{text}"
+    );
+    // A loan numbered 0 (numbers start at 1) is not a loan this protocol makes.
+    let p = a.peers[1].as_mut().expect("peer 1");
+    p.out.push_loan(6, dest.as_ptr() as u64, 16, 0);
+    p.out.publish();
+    let e = b.try_recv(0, 6).expect_err("loan 0");
+    assert!(e.to_string().contains("numbered 0"), "{e}");
+}

@@ -283,6 +283,7 @@ impl<'a> Node<'a> {
             rank: r,
             signature,
             clock,
+            lend_bytes: 1,
         };
         Node {
             exec: Executor::new(plan, case.world, clock.now()),

@@ -48,6 +48,14 @@ fn parse_id(peer: usize, addr: &PeerAddress) -> Result<(String, u32), TransportE
     Ok((text.to_string(), pid))
 }
 
+/// Whether this process can read `expected` at `addr` in process `pid`: refused (EPERM: another
+/// user, or ptrace rules such as Yama's `ptrace_scope` 1), gone (ESRCH), unmapped (EFAULT) and
+/// other bytes all say no.
+pub(super) fn may_read(pid: u32, addr: u64, expected: &[u8; 32]) -> bool {
+    let mut seen = [0u8; 32];
+    sys::read_process(pid, addr, &mut seen).is_ok() && &seen == expected
+}
+
 /// Remove the ring names left in `/dev/shm` by endpoints whose process no longer exists (killed
 /// during setup) and that belong to this user. Returns the names removed.
 pub fn reclaim_stale() -> Vec<String> {
@@ -214,9 +222,7 @@ impl ShmTransport {
                 .unwrap_or_else(|| unreachable!("every wanted peer has an outbound ring"));
             // Can this rank read the peer's memory (same user, and ptrace rules that allow
             // it)? The peer lends to it (single copy) only if so.
-            let mut seen = [0u8; 32];
-            let borrows =
-                sys::read_process(peer_pid, inp.probe_addr(), &mut seen).is_ok() && seen == proof;
+            let borrows = may_read(peer_pid, inp.probe_addr(), &proof);
             inp.set_borrows(borrows);
             tracing::debug!(peer, borrows, "single copy from the peer's memory");
             let doorbell = SocketAddr::from_abstract_name(doorbell_name(&peer_id).as_bytes())

@@ -1,4 +1,4 @@
-use super::connect::ring_capacity;
+use super::connect::{may_read, ring_capacity};
 use super::ring::{self, Consumer, Identity, Producer};
 use super::*;
 
@@ -565,4 +565,31 @@ fn a_loan_of_memory_the_lender_does_not_have_or_a_bad_loan_is_an_error_naming_it
     p.out.publish();
     let e = b.try_recv(0, 6).expect_err("loan 0");
     assert!(e.to_string().contains("numbered 0"), "{e}");
+}
+
+#[test]
+fn the_single_copy_probe_says_no_unless_it_reads_the_proof_and_a_no_keeps_the_copy_ring() {
+    let proof = Box::new([0x5au8; 32]);
+    let me = std::process::id();
+    assert!(may_read(me, proof.as_ptr() as u64, &proof));
+    assert!(
+        !may_read(me, proof.as_ptr() as u64, &[0u8; 32]),
+        "other bytes"
+    );
+    assert!(!may_read(me, 8, &proof), "an unmapped address (EFAULT)");
+    // A process that is gone (ESRCH): a child that has been reaped.
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let gone = child.id();
+    child.wait().expect("wait");
+    assert!(
+        !may_read(gone, proof.as_ptr() as u64, &proof),
+        "a dead process"
+    );
+    // A consumer that said no is never lent to: the lender keeps copying into the ring.
+    let (mut a, mut b) = pair(64 << 10);
+    b.peers[0].as_ref().expect("peer 0").inp.set_borrows(false);
+    assert!(!Lend::reaches(&mut a, 1));
+    assert!(Lend::reaches(&mut b, 0), "the other direction still may");
 }

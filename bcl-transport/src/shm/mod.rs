@@ -395,6 +395,25 @@ impl ShmTransport {
         })
     }
 
+    /// The checks before a message of `len` bytes to `peer`: an error where the peer closed
+    /// or the message is too large; `false` while an earlier message's remainder still waits
+    /// for room in the ring (pushed on as far as it fits), since messages leave in order.
+    fn may_send(&mut self, peer: usize, len: usize) -> Result<bool, TransportError> {
+        let max = self.config.max_message;
+        let p = self.peer(peer)?;
+        if p.out.consumer_closed() {
+            return Err(self.closed_error(peer));
+        }
+        if len > max {
+            return Err(TransportError::TooLarge { peer, len, max });
+        }
+        if p.pending.is_some() {
+            self.push_pending(peer);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
     /// Copy loan `loan` of `peer` into `dest` (its length) from the peer's memory, and give
     /// it back.
     fn borrow(&mut self, peer: usize, loan: Loan, dest: &mut [u8]) -> Result<(), TransportError> {
@@ -457,24 +476,12 @@ impl Transport for ShmTransport {
     }
 
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
-        let max = self.config.max_message;
+        if !self.may_send(peer, data.len())? {
+            return Ok(false);
+        }
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
             return Err(TransportError::UnknownPeer { peer });
         };
-        if p.out.consumer_closed() {
-            return Err(self.closed_error(peer));
-        }
-        if data.len() > max {
-            return Err(TransportError::TooLarge {
-                peer,
-                len: data.len(),
-                max,
-            });
-        }
-        if p.pending.is_some() {
-            self.push_pending(peer);
-            return Ok(false);
-        }
         if data.len() <= p.out.max_fragment() {
             if p.out.room(data.len()) < data.len() {
                 return Ok(false);
@@ -689,20 +696,7 @@ impl Lend for ShmTransport {
         tag: Tag,
         data: &[u8],
     ) -> Result<Option<LoanId>, TransportError> {
-        let max = self.config.max_message;
-        let p = self.peer(peer)?;
-        if p.out.consumer_closed() {
-            return Err(self.closed_error(peer));
-        }
-        if data.len() > max {
-            return Err(TransportError::TooLarge {
-                peer,
-                len: data.len(),
-                max,
-            });
-        }
-        if p.pending.is_some() {
-            self.push_pending(peer);
+        if !self.may_send(peer, data.len())? {
             return Ok(None);
         }
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {

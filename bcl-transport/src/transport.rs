@@ -87,6 +87,18 @@ pub enum Landing {
     Pending,
 }
 
+impl Landing {
+    /// Copy an arrived message into `dest` where the lengths agree.
+    pub fn fill(data: &[u8], dest: &mut [u8], transfer: Option<Duration>) -> Landing {
+        if data.len() == dest.len() {
+            dest.copy_from_slice(data);
+            Landing::Filled(transfer)
+        } else {
+            Landing::WrongLength(data.len())
+        }
+    }
+}
+
 /// What [`Transport::prepare_wait`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readiness {
@@ -167,12 +179,7 @@ pub trait Transport: Send + fmt::Debug {
     ) -> Result<Landing, TransportError> {
         let mut landing = Landing::Pending;
         self.try_recv_with(peer, tag, &mut |data, transfer| {
-            landing = if data.len() == dest.len() {
-                dest.copy_from_slice(data);
-                Landing::Filled(transfer)
-            } else {
-                Landing::WrongLength(data.len())
-            };
+            landing = Landing::fill(data, dest, transfer);
         })?;
         Ok(landing)
     }

@@ -78,10 +78,9 @@ impl SignatureExchange {
         if self.state[peer] & TO_SEND == 0 {
             return Ok(transport.try_send(peer, ctx.tag(tag), bytes)?);
         }
-        let signature = ctx.signature.encode();
         if bytes.len() <= BUNDLE_MAX {
             self.bundle.clear();
-            self.bundle.extend_from_slice(&signature);
+            self.bundle.extend_from_slice(&ctx.signature.encode());
             self.bundle.extend_from_slice(&tag.to_le_bytes());
             self.bundle.extend_from_slice(bytes);
             let sent = transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &self.bundle)?;
@@ -90,11 +89,27 @@ impl SignatureExchange {
             }
             return Ok(sent);
         }
-        if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &signature)? {
+        if !self.signature_ahead(transport, ctx, peer)? {
             return Ok(false);
         }
-        self.state[peer] &= !TO_SEND;
         Ok(transport.try_send(peer, ctx.tag(tag), bytes)?)
+    }
+
+    /// Send the signature on its own to `peer` if it has not gone yet. Returns whether the
+    /// plan's messages may follow (`false`: back-pressure, try again later).
+    fn signature_ahead(
+        &mut self,
+        transport: &mut dyn Transport,
+        ctx: &OpContext<'_>,
+        peer: usize,
+    ) -> Result<bool, ExecError> {
+        if self.state[peer] & TO_SEND != 0 {
+            if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
+                return Ok(false);
+            }
+            self.state[peer] &= !TO_SEND;
+        }
+        Ok(true)
     }
 
     /// Lend one message of the plan to `peer` (see `bcl_transport::Lend`), the signature
@@ -107,11 +122,8 @@ impl SignatureExchange {
         tag: u32,
         bytes: &[u8],
     ) -> Result<Option<LoanId>, ExecError> {
-        if self.state[peer] & TO_SEND != 0 {
-            if !transport.try_send(peer, ctx.tag(SIGNATURE_TAG), &ctx.signature.encode())? {
-                return Ok(None);
-            }
-            self.state[peer] &= !TO_SEND;
+        if !self.signature_ahead(transport, ctx, peer)? {
+            return Ok(None);
         }
         let lender = transport.lend().ok_or_else(|| {
             ExecError::Binding("a loan over a transport that does not lend".into())

@@ -551,18 +551,12 @@ impl Transport for ShmTransport {
         dest: &mut [u8],
     ) -> Result<Landing, TransportError> {
         let mut landing = Landing::Pending;
-        let fill = |data: &[u8], dest: &mut [u8]| {
-            if data.len() == dest.len() {
-                dest.copy_from_slice(data);
-                Landing::Filled(None)
-            } else {
-                Landing::WrongLength(data.len())
-            }
-        };
-        match self.find(peer, tag, &mut |data, _| landing = fill(data, dest))? {
+        match self.find(peer, tag, &mut |data, _| {
+            landing = Landing::fill(data, dest, None)
+        })? {
             Found::Delivered | Found::Nothing => {}
             Found::Bytes(b) => {
-                landing = fill(&b, dest);
+                landing = Landing::fill(&b, dest, None);
                 if self.pool.len() < POOL_LIMIT {
                     self.pool.push(b);
                 }
@@ -719,9 +713,7 @@ impl Lend for ShmTransport {
     }
 
     fn returned(&mut self, peer: usize, loan: LoanId) -> Result<bool, TransportError> {
-        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
-            return Err(TransportError::UnknownPeer { peer });
-        };
+        let p = self.peer_mut(peer)?;
         if !p.out.returned(loan) {
             return Ok(false);
         }
@@ -735,6 +727,13 @@ impl ShmTransport {
         self.peers
             .get(peer)
             .and_then(Option::as_ref)
+            .ok_or(TransportError::UnknownPeer { peer })
+    }
+
+    fn peer_mut(&mut self, peer: usize) -> Result<&mut Peer, TransportError> {
+        self.peers
+            .get_mut(peer)
+            .and_then(Option::as_mut)
             .ok_or(TransportError::UnknownPeer { peer })
     }
 }

@@ -485,12 +485,7 @@ impl Transport for TcpTransport {
         dest: &mut [u8],
     ) -> Result<Landing, TransportError> {
         if let Some((data, transfer)) = self.inbox.pop(peer, tag) {
-            let landing = if data.len() == dest.len() {
-                dest.copy_from_slice(&data);
-                Landing::Filled(Some(transfer))
-            } else {
-                Landing::WrongLength(data.len())
-            };
+            let landing = Landing::fill(&data, dest, Some(transfer));
             if self.pool.len() < POOL_LIMIT {
                 self.pool.push(data);
             }

@@ -5,8 +5,9 @@
 #   2. in one boot of the Soft-RoCE VM (scripts/rdma-vm.sh): the transport's own tests, the
 #      conformance suite over rdma × cpu and rdma × cpu+sim at 2 and 4 ranks, the communicator
 #      tests, a killed rank's survivors shrinking over rdma, auto falling back to tcp when a rank's rdma device cannot be opened, auto
-#      choosing rdma between two "hosts" (network namespaces joined by a veth pair; ranks started as a launcher would, every dtype and op checked), and one short
-#      checked bcl-bench run over rdma;
+#      choosing rdma between two "hosts" (network namespaces joined by a veth pair; ranks started as a launcher would, every dtype and op checked), a
+#      bcl-bench run whose links move to tcp when rxe0's netdev goes down mid-sweep, and one
+#      short checked bcl-bench run over rdma;
 #   3. with --bench (or --bench-only, the sweep alone): bcl-bench sweeps over rdma between raw
 #      verbs figures on the same device (ib_write_bw one-way, bidirectional, 4 pairs at once),
 #      summarised by scripts/rdma-bench-summary.py; the figures of docs/rdma-softroce.md.
@@ -116,6 +117,15 @@ if [ "$mode" != "--bench-only" ]; then
     grep -q "falling back to tcp for this peer" \$o/refused.txt && grep -q "ibv_reg_mr" \$o/refused.txt.rank1 ||
     { cat \$o/refused.txt \$o/refused.txt.rank1; echo "no fallback to tcp for the refused pair"; exit 1; }
   grep -m1 "falling back" \$o/refused.txt
+  stage "bcl-bench over rdma, dummy0 (under rxe0) taken down mid-sweep: the links move to tcp, every result checked"
+  ( for _ in \$(seq 300); do grep -q "Links of rank" \$o/failover.txt 2>/dev/null && break; sleep 0.2; done
+    sleep 1; ip link set dummy0 down ) &
+  \$bench allreduce --nranks 2 --transport rdma -b 1M -e 1M -n 300 -w 1 > \$o/failover.txt 2>&1 ||
+    { ip link set dummy0 up; cat \$o/failover.txt; echo "bcl-bench failed when the link went down"; exit 1; }
+  wait; ip link set dummy0 up
+  grep -q "Out of bounds values : 0 OK" \$o/failover.txt && grep -q "Failovers of rank 0: [1-9]" \$o/failover.txt ||
+    { cat \$o/failover.txt; echo "no failover to tcp reported, or wrong results"; exit 1; }
+  grep -A2 "Failovers of rank" \$o/failover.txt
 fi
 if [ -z "$mode" ]; then
   stage "bcl-bench over rdma, 2 and 4 ranks, checked (the sweep: scripts/rdma-vm-test.sh --bench)"

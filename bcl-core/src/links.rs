@@ -43,6 +43,7 @@ fn rdma(config: &CommConfig, secret: Secret) -> std::result::Result<Box<dyn Tran
     let mut rdma = RdmaConfig::new(secret);
     rdma.bind_ip = config.bind_ip;
     rdma.device = config.rdma_device.clone();
+    rdma.tcp_failover = config.rdma_tcp_failover;
     rdma.max_message = rdma.max_message.max(config.slice_bytes);
     RdmaTransport::bind(rdma)
         .map(|t| Box::new(t) as Box<dyn Transport>)

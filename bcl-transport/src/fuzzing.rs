@@ -136,14 +136,30 @@ pub fn shm_ring(data: &[u8]) {
     crate::shm::fuzz_consumer(data);
 }
 
-/// The rdma setup exchange's record, a slot's chunk header and the immediate data, decoded
-/// from `data`: what decodes is within the limits the decoder was given, and re-encodes to
-/// the same bytes.
+/// The rdma setup exchange's record, a slot's chunk header, the immediate data and the frames
+/// of a link moved to tcp, decoded from `data`: what decodes is within the limits the decoder
+/// was given, and re-encodes to the same bytes (a frame's reason, once valid UTF-8).
 #[cfg(feature = "rdma")]
 pub fn rdma_wire(data: &[u8]) {
     use crate::rdma::wire::{
-        ChunkHeader, ConnectionRecord, Immediate, RECORD_LEN, SLOT_HEADER, advance_counter,
+        ChunkHeader, ConnectionRecord, Immediate, RECORD_LEN, SLOT_HEADER, SocketFrame,
+        advance_counter,
     };
+    // A stream of frames, as a fallen-back link reads them, with slots of up to 4 KiB.
+    let mut at = 0;
+    while let Ok(Some((frame, used))) = SocketFrame::decode(&data[at..], 4096) {
+        assert!(used > 0 && at + used <= data.len());
+        if let SocketFrame::Chunk { slot, .. } = &frame {
+            assert!((SLOT_HEADER..=4096).contains(&slot.len()));
+        }
+        let mut again = Vec::new();
+        frame.encode_into(&mut again);
+        assert_eq!(
+            SocketFrame::decode(&again, 4096),
+            Ok(Some((frame, again.len())))
+        );
+        at += used;
+    }
     if let Some(bytes) = data.get(..RECORD_LEN) {
         let mut record = [0u8; RECORD_LEN];
         record.copy_from_slice(bytes);

@@ -35,6 +35,6 @@ pub mod transport;
 pub use auth::Secret;
 pub use error::TransportError;
 pub use transport::{
-    Capabilities, Collected, Landing, Lend, Lines, LoanId, MemoryKind, PeerAddress, Received, Tag,
-    Transport,
+    Capabilities, Collected, Landing, Lend, Lines, LoanId, MemoryKind, PathChange, PeerAddress,
+    Received, Tag, Transport,
 };

@@ -278,6 +278,10 @@ impl Transport for Routes {
         self.parts[self.index(peer)].peer_lost(peer)
     }
 
+    fn path_changes(&self) -> Vec<crate::transport::PathChange> {
+        self.parts.iter().flat_map(|p| p.path_changes()).collect()
+    }
+
     /// The lines of the part every routed peer goes to; none when they go to several.
     fn lines(&mut self) -> Option<&mut dyn crate::transport::Lines> {
         let mut routed = self.route.iter().flatten();

@@ -110,6 +110,18 @@ pub enum Readiness {
     Unsupported,
 }
 
+/// A link that moved to another path mid-run, as [`Transport::path_changes`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathChange {
+    pub peer: usize,
+    /// The path it left: "rdma rxe0 port 1".
+    pub from: String,
+    /// The path it is on now: "tcp".
+    pub to: &'static str,
+    /// What failed, or what the peer said failed on its side.
+    pub reason: String,
+}
+
 /// A non-blocking, poll-driven way to move tagged messages between ranks.
 ///
 /// The shape fits RDMA verbs: transport-owned slots are registered memory, `try_send` is a
@@ -209,6 +221,12 @@ pub trait Transport: Send + fmt::Debug {
     /// alike: the RDMA setup of the pair failed), with the reason. Taken once, after `connect`;
     /// [`crate::routes::Routes`] sends them over tcp instead.
     fn take_refused(&mut self) -> Vec<(usize, String)> {
+        Vec::new()
+    }
+
+    /// Peers whose link moved to another path since `connect` (an RDMA queue pair failed and
+    /// the link went on over tcp), oldest first. Not an error: their messages still arrive.
+    fn path_changes(&self) -> Vec<PathChange> {
         Vec::new()
     }
 

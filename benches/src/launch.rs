@@ -74,6 +74,28 @@ fn print_health(comm: &Communicator, print: bool) {
     }
 }
 
+/// Links that moved path during the sweep (an RDMA queue pair failed, tcp carried on): rank
+/// 0 always says how many of its own, every other rank only when it has some.
+fn print_failovers(comm: &Communicator, print: bool) {
+    let lines = comm.degraded_links();
+    if !print && lines.is_empty() {
+        return;
+    }
+    let mut out = format!(
+        "#  Failovers of rank {}: {}
+",
+        comm.rank(),
+        lines.len()
+    );
+    for line in lines {
+        out += &format!(
+            "#   {line}
+"
+        );
+    }
+    print!("{out}");
+}
+
 /// Run the sweep on an initialised rank; rank 0 prints and writes the JSON file.
 pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
     let print = comm.rank() == 0;
@@ -82,6 +104,7 @@ pub fn run_rank(comm: &Communicator, args: &Args) -> Outcome {
     }
     match sweep::run(comm, args, print) {
         Ok(rows) => {
+            print_failovers(comm, print);
             if args.health {
                 print_health(comm, print);
             }

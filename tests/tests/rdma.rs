@@ -9,6 +9,7 @@
 use bcl_core::LinkKind;
 use bcl_core::{CommConfig, Communicator, ReduceOp};
 use bcl_tests::{Setup, test_config};
+use std::time::Duration;
 
 fn in_vm() -> bool {
     std::env::var_os("BCL_RDMA_VM").is_some()
@@ -85,4 +86,108 @@ fn rdma_with_a_missing_device_named_is_an_error_naming_the_devices_there_are() {
         "{e}"
     );
     assert!(e.contains("rank "), "{e}");
+}
+
+/// `ip link set NETDEV up|down`, failing loudly (the VM runs tests as root).
+fn set_link(netdev: &str, state: &str) {
+    let out = std::process::Command::new("ip")
+        .args(["link", "set", netdev, state])
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip link set {netdev} {state}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Brings the netdev back up however the test ends, for the tests after it.
+struct Restore(&'static str);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "set", self.0, "up"])
+            .status();
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_is_exact() {
+    // rxe0 sits on dummy0 (scripts/rdma-vm.sh); the setup sockets, which carry a link once it
+    // moves, are on loopback.
+    const NETDEV: &str = "dummy0";
+    let _restore = Restore(NETDEV);
+    let world = 4;
+    let comms = Communicator::init_threads_with(world, rdma_config).expect("init over rdma");
+    let count = 1 << 18; // 1 MiB of f32: several chunks per step
+    let down_after = 5;
+    let iterations = 30;
+    let barrier = std::sync::Barrier::new(world);
+    // Per rank: the allreduce in flight when the link went down (the first after it), and
+    // the slowest of the others.
+    let times: Vec<(Duration, Duration)> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let r = c.rank();
+                    let (mut at_fault, mut slowest) = (Duration::ZERO, Duration::ZERO);
+                    for it in 0..iterations {
+                        if it == down_after {
+                            barrier.wait();
+                            if r == 0 {
+                                set_link(NETDEV, "down");
+                            }
+                        }
+                        // Integers below 2^24: the sum is exact in f32 in any order.
+                        let mut x: Vec<f32> =
+                            (0..count).map(|i| ((i + it) % 1000 + r) as f32).collect();
+                        let started = std::time::Instant::now();
+                        c.all_reduce_in_place(&mut x, ReduceOp::Sum)
+                            .unwrap_or_else(|e| panic!("rank {r} iteration {it}: {e}"));
+                        let took = started.elapsed();
+                        if it == down_after {
+                            at_fault = took;
+                        } else if it > 0 {
+                            slowest = slowest.max(took);
+                        }
+                        let sum_r = (world * (world - 1) / 2) as f32;
+                        for (i, v) in x.iter().enumerate() {
+                            let want = world as f32 * ((i + it) % 1000) as f32 + sum_r;
+                            assert_eq!(*v, want, "rank {r} iteration {it} element {i}");
+                        }
+                    }
+                    (at_fault, slowest)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    eprintln!(
+        "per rank, the allreduce in flight as {NETDEV} went down, and the slowest other after the first: {times:?}"
+    );
+    eprintln!("rank 0: {:?}", comms[0].degraded_links());
+    // Every ring link moved: each rank names at least its ring neighbours' links, with the
+    // device it left and tcp; the health report says the same, and no fault was raised.
+    for c in &comms {
+        let lines = c.degraded_links();
+        assert!(!lines.is_empty(), "rank {}: no degraded link", c.rank());
+        for line in &lines {
+            assert!(
+                line.starts_with(&format!("degraded link rank {} <-> rank ", c.rank()))
+                    && line.contains("rdma rxe0 port 1 -> tcp after: "),
+                "{line}"
+            );
+        }
+        let report = c.health_report();
+        assert_eq!(report["degraded_links"], serde_json::json!(lines));
+        assert!(report["verdict"].is_null(), "{report}");
+        assert!(c.async_error().is_none(), "{:?}", c.async_error());
+    }
 }

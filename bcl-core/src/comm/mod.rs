@@ -233,6 +233,13 @@ impl Communicator {
             .collect()
     }
 
+    /// Links of this rank that moved to another path mid-run (an RDMA queue pair failed and
+    /// the link went on over tcp), one line each naming both ranks, the peer's host, the
+    /// device left and why, oldest first; also under "degraded_links" in the health report.
+    pub fn degraded_links(&self) -> Vec<String> {
+        self.shared.health.degraded_links()
+    }
+
     /// The first fault that poisoned this communicator, if any: an error of this rank's, or
     /// the verdict about a fault elsewhere (NCCL's `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<String> {

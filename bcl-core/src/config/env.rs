@@ -15,6 +15,7 @@ impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
     /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
+    /// `BCL_RDMA_TCP_FAILOVER` (on, off),
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
@@ -57,6 +58,17 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_RDMA_DEVICE") {
             self.rdma_device = Some(v).filter(|v| !v.is_empty());
+        }
+        if let Some(v) = get("BCL_RDMA_TCP_FAILOVER") {
+            self.rdma_tcp_failover = match v.trim() {
+                "on" | "1" => true,
+                "off" | "0" => false,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "BCL_RDMA_TCP_FAILOVER='{other}' (on, off)"
+                    )));
+                }
+            };
         }
         if let Some(v) = get("BCL_BIND_IP") {
             self.bind_ip = v.trim().parse().map_err(|_| {
@@ -169,6 +181,19 @@ mod tests {
         assert_eq!(forced("auto").expect("auto"), None);
         let e = forced("all").expect_err("not a number");
         assert!(e.to_string().contains("BCL_SOCKETS_PER_OP='all'"), "{e}");
+        let failover = |v: &str| {
+            CommConfig::default()
+                .with_env(&env(&[("BCL_RDMA_TCP_FAILOVER", v)]))
+                .map(|c| c.rdma_tcp_failover)
+        };
+        assert!(CommConfig::default().rdma_tcp_failover);
+        assert!(!failover("off").expect("off") && !failover("0").expect("0"));
+        assert!(failover("on").expect("on"));
+        let e = failover("maybe").expect_err("not on or off");
+        assert!(
+            e.to_string().contains("BCL_RDMA_TCP_FAILOVER='maybe'"),
+            "{e}"
+        );
         assert!(!c.health.enabled);
         assert_eq!(c.health.heartbeat, Duration::from_millis(50));
         assert_eq!(c.health.hang_timeout, Duration::from_millis(700));

@@ -144,6 +144,9 @@ pub struct CommConfig {
     pub sockets_per_op: Option<usize>,
     /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
     pub rdma_device: Option<String>,
+    /// Move a peer whose RDMA queue pair fails to tcp mid-run and go on (a degraded link in
+    /// the health report), instead of failing the link. On by default.
+    pub rdma_tcp_failover: bool,
     /// Address the TCP transport listens on and publishes.
     pub bind_ip: IpAddr,
     /// How long init waits for all ranks to arrive and connect.
@@ -197,6 +200,7 @@ impl Default for CommConfig {
             socket_buffer: 4 << 20,
             sockets_per_op: None,
             rdma_device: None,
+            rdma_tcp_failover: true,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             init_timeout: Duration::from_secs(60),
             op_timeout: Duration::from_secs(300),

@@ -99,6 +99,7 @@ impl Health {
             stop: AtomicBool::new(false),
             helpers: AtomicUsize::new(0),
             spawn: Mutex::new(None),
+            degraded: Mutex::new(Vec::new()),
             created: Instant::now(),
             config,
         });
@@ -333,6 +334,30 @@ impl Health {
         }
         ops.waiting_on.clear();
         ops.recorder.finish(now, peers, error);
+    }
+
+    /// The transport's links that moved to another path (`changes`: its whole list, oldest
+    /// first): each new one becomes a "degraded link" line naming both ranks, the peer's host
+    /// and the device left, logged and kept for the report. Not a fault: the link still
+    /// carries the operation.
+    pub fn note_path_changes(&self, changes: &[bcl_transport::PathChange]) {
+        let mut known = self.inner.degraded.lock();
+        for c in changes.iter().skip(known.len()) {
+            let host = (self.inner.peers.get())
+                .and_then(|p| p.get(c.peer))
+                .map_or("?", |p| p.hostname.as_str());
+            let line = format!(
+                "degraded link rank {} <-> rank {} ({host}): {} -> {} after: {}",
+                self.inner.rank, c.peer, c.from, c.to, c.reason
+            );
+            tracing::warn!(rank = self.inner.rank, peer = c.peer, "{line}");
+            known.push(line);
+        }
+    }
+
+    /// The lines `note_path_changes` kept, oldest first.
+    pub fn degraded_links(&self) -> Vec<String> {
+        self.inner.degraded.lock().clone()
     }
 
     /// A JSON report: this rank's state, the verdict, and the flight recorder.

@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     pub(super) post: super::membership::Post,
     /// The channel to the thread that starts helpers (`None` once shut down, or when off).
     pub(super) spawn: Mutex<Option<super::helpers::Spawn>>,
+    /// Links of this rank that moved to another path mid-run, one line each (degraded, not a
+    /// fault; see `Health::note_path_changes`).
+    pub(super) degraded: Mutex<Vec<String>>,
 }
 
 impl Inner {
@@ -233,6 +236,7 @@ impl Inner {
             "slow": self.summary.lock().clone(),
             "ring": self.ring.get(),
             "membership_messages_refused": self.post.mailbox.lock().refused,
+            "degraded_links": self.degraded.lock().clone(),
         })
     }
 }

@@ -16,8 +16,15 @@
 //! Waiting: a bounded busy poll of the completion queue, then `poll(2)` on the completion
 //! channel and the setup sockets.
 //!
-//! Error completions (retry exceeded, remote access error) become
-//! [`TransportError::LinkFailed`], naming both ranks and the device and port.
+//! Failover: an error completion (retry exceeded, a port down, a remote access error) or a
+//! post the QP refuses moves that peer to tcp over the setup socket, which is still open
+//! (`RdmaConfig::tcp_failover`; off, the error is [`TransportError::LinkFailed`], naming both
+//! ranks and the device and port). Each side sends a `Failover` frame saying how many of the
+//! peer's chunks it has taken (every completion after it is ignored), then sends its own
+//! chunks from the number the peer sent: the chunks not credited back still lie in their send
+//! slots (a slot is reused only after its credit), the rest are queued. So nothing is lost or
+//! taken twice, and a message half over RDMA, half over tcp is assembled as one. A peer that
+//! the socket cannot reach either is a link failure. The link stays on tcp (no move back).
 
 mod connect;
 pub mod verbs;
@@ -27,16 +34,17 @@ use crate::auth::Secret;
 use crate::error::TransportError;
 use crate::keys::KeyMap;
 use crate::transport::{
-    Capabilities, MemoryKind, PeerAddress, Readiness, Received, Tag, Transport,
+    Capabilities, MemoryKind, PathChange, PeerAddress, Readiness, Received, Tag, Transport,
 };
 use std::collections::VecDeque;
 use std::io;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{Completion, Device, QueuePair, Region, Verbs};
-use wire::{ChunkHeader, ConnectionRecord, Immediate, SLOT_HEADER};
+use wire::{ChunkHeader, ConnectionRecord, Immediate, SLOT_HEADER, SocketFrame};
 
 /// Settings of an rdma endpoint.
 #[derive(Clone, Debug)]
@@ -64,6 +72,8 @@ pub struct RdmaConfig {
     /// completion: 14 and 7 make a dead link fail in about half a second.
     pub ack_timeout: u8,
     pub retries: u8,
+    /// Move a peer whose QP fails to tcp (the setup socket) instead of failing the link.
+    pub tcp_failover: bool,
 }
 
 impl RdmaConfig {
@@ -81,6 +91,7 @@ impl RdmaConfig {
             busy_poll: Duration::from_micros(20),
             ack_timeout: 14,
             retries: 7,
+            tcp_failover: true,
         }
     }
 
@@ -152,7 +163,30 @@ struct Peer {
     held: usize,
     assembling: Option<Assembly>,
     closed: bool,
+    /// Set once the link has moved to tcp.
+    fallback: Option<Fallback>,
+    /// Tests: data writes from this chunk on carry a wrong remote key (an error completion
+    /// at this side, a remote access error).
+    bad_rkey_at: Option<u64>,
 }
+
+/// A link that moved to tcp: the setup socket carries [`wire::SocketFrame`]s both ways.
+struct Fallback {
+    /// Why (this side's error, or the peer's `Failover` frame).
+    reason: String,
+    /// How many of this side's chunks the peer has taken (its `Failover` frame), and whether
+    /// the chunks after them, left in the send slots, have been framed again.
+    heard: Option<u64>,
+    resent: bool,
+    /// Framed bytes not yet written, and from where.
+    out: Vec<u8>,
+    written: usize,
+    /// Bytes read and not yet a whole frame.
+    input: Vec<u8>,
+}
+
+/// Framed bytes a fallen-back peer may hold unwritten before `pump` stops framing more.
+const FALLBACK_OUT_LIMIT: usize = 4 << 20;
 
 const WR_DATA: u64 = 0;
 const WR_CREDIT: u64 = 1;
@@ -178,6 +212,8 @@ pub struct RdmaTransport {
     last_socket_check: Instant,
     /// Peers whose link both ends refused at connect, with the reason (see `take_refused`).
     refused: Vec<(usize, String)>,
+    /// Links moved to tcp so far, oldest first.
+    failovers: Vec<PathChange>,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -228,6 +264,7 @@ impl RdmaTransport {
             completions: Vec::new(),
             last_socket_check: Instant::now(),
             refused: Vec::new(),
+            failovers: Vec::new(),
         })
     }
 
@@ -243,10 +280,6 @@ impl RdmaTransport {
             device: self.device.label(),
             what,
         }
-    }
-
-    fn verbs_error(&self, peer: usize, e: verbs::VerbsError) -> TransportError {
-        self.link_failed(peer, e.0)
     }
 
     /// Take what the completion queue holds into `self.completions`.
@@ -280,6 +313,10 @@ impl RdmaTransport {
     fn handle(&mut self, c: Completion) -> Result<(), TransportError> {
         let peer = (c.wr_id >> 8) as usize;
         let kind = c.wr_id & 0xff;
+        if self.peers.get(&peer).is_some_and(|p| p.fallback.is_some()) {
+            // Its QP is abandoned: what it still completes, the socket carries again.
+            return Ok(());
+        }
         if let Some(status) = c.failed {
             let what = match kind {
                 WR_RECV => "receive",
@@ -288,15 +325,10 @@ impl RdmaTransport {
             };
             let text = self.device.status_text(status);
             let remote_qp = self.peers.get(&peer).map(|p| p.remote.endpoint.qp_num);
-            if let Some(p) = self.peers.get_mut(&peer) {
-                p.closed = true;
-            }
-            return Err(self.link_failed(
-                peer,
-                format!(
-                    "{what} completed with error: {text} (status {status}, remote QP {remote_qp:?})"
-                ),
-            ));
+            let what = format!(
+                "{what} completed with error: {text} (status {status}, remote QP {remote_qp:?})"
+            );
+            return self.fail_over(peer, what);
         }
         let slot_bytes = self.config.slot_bytes();
         let max_message = self.config.max_message;
@@ -308,7 +340,7 @@ impl RdmaTransport {
             WR_CREDIT => p.credit_writes -= 1,
             _ => {
                 if let Err(e) = p.qp.post_recv(wr_id(peer, WR_RECV)) {
-                    return Err(self.verbs_error(peer, e));
+                    return self.fail_over(peer, format!("posting a receive failed: {}", e.0));
                 }
                 match Immediate::decode(c.imm.unwrap_or(0)) {
                     Immediate::Credit(freed) => {
@@ -365,8 +397,13 @@ impl RdmaTransport {
         let (_, slots, _) = geometry;
         let mut moved = false;
         let mut failure = None;
+        let mut fallen = Vec::new();
         for (&peer, p) in self.peers.iter_mut() {
             if p.closed {
+                continue;
+            }
+            if p.fallback.is_some() {
+                fallen.push(peer);
                 continue;
             }
             while has_room(p.posted, p.credited, p.send_done, slots) {
@@ -411,9 +448,103 @@ impl RdmaTransport {
                 break;
             }
         }
-        match failure {
-            Some((peer, e)) => Err(self.verbs_error(peer, e)),
-            None => Ok(moved),
+        if let Some((peer, e)) = failure {
+            self.fail_over(peer, format!("posting to its QP failed: {}", e.0))?;
+        }
+        for peer in fallen {
+            moved |= self.pump_fallback(peer)?;
+        }
+        Ok(moved)
+    }
+
+    /// The link to `peer` failed (`what`): move it to tcp, or fail it where failover is off
+    /// or the peer is gone.
+    fn fail_over(&mut self, peer: usize, what: String) -> Result<(), TransportError> {
+        let open = self.peers.get(&peer).is_some_and(|p| !p.closed);
+        if !self.config.tcp_failover || !open {
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.closed = true;
+            }
+            return Err(self.link_failed(peer, what));
+        }
+        self.begin_fallback(peer, what);
+        Ok(())
+    }
+
+    /// Stop using `peer`'s QP and tell the peer, over the setup socket, how many of its chunks
+    /// this side has taken. Nothing is sent again before its own answer says where to start.
+    fn begin_fallback(&mut self, peer: usize, reason: String) {
+        let device = self.device.label();
+        let rank = self.local_rank;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if p.fallback.is_some() || p.closed {
+            return;
+        }
+        tracing::warn!(rank, peer, %device, %reason, "rdma link moved to tcp");
+        let mut out = Vec::new();
+        SocketFrame::Failover {
+            received: p.received,
+            reason: reason.clone(),
+        }
+        .encode_into(&mut out);
+        p.fallback = Some(Fallback {
+            reason: reason.clone(),
+            heard: None,
+            resent: false,
+            out,
+            written: 0,
+            input: Vec::new(),
+        });
+        self.failovers.push(PathChange {
+            peer,
+            from: format!("rdma {device}"),
+            to: "tcp",
+            reason,
+        });
+    }
+
+    /// Move a fallen-back peer's bytes: read and act on its frames, frame what may be sent,
+    /// write what the socket takes. Err: the peer broke the protocol. A socket that fails
+    /// closes the peer (unreachable by every path).
+    fn pump_fallback(&mut self, peer: usize) -> Result<bool, TransportError> {
+        let (payload, slots, slot_bytes) = self.config.geometry();
+        let max_message = self.config.max_message;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(false);
+        };
+        let Some(mut f) = p.fallback.take() else {
+            return Ok(false);
+        };
+        let result = fallback_round(
+            p,
+            &mut f,
+            peer,
+            (payload, slots, slot_bytes),
+            max_message,
+            &mut self.pool,
+            &mut self.inbox,
+        );
+        p.fallback = Some(f);
+        match result {
+            Ok((moved, peer_reason)) => {
+                if let Some(reason) = peer_reason
+                    && let Some(entry) = self.failovers.iter_mut().rev().find(|e| e.peer == peer)
+                    && entry.reason.starts_with(PEER_ASKED)
+                {
+                    entry.reason = format!("{PEER_ASKED}: {reason}");
+                }
+                Ok(moved)
+            }
+            Err(reason) => {
+                let addr = self
+                    .peers
+                    .get(&peer)
+                    .map(|p| p.addr.clone())
+                    .unwrap_or_default();
+                Err(TransportError::Protocol { peer, addr, reason })
+            }
         }
     }
 
@@ -459,23 +590,41 @@ impl RdmaTransport {
     fn nothing_arrived(&self, peer: usize) -> Result<(), TransportError> {
         match self.peers.get(&peer) {
             None => Err(TransportError::UnknownPeer { peer }),
-            Some(p) if p.closed => Err(self.peer_closed(peer)),
+            Some(p) if p.closed => match &p.fallback {
+                Some(f) => Err(self.link_failed(
+                    peer,
+                    format!(
+                        "moved to tcp after \"{}\", and the tcp path closed too",
+                        f.reason
+                    ),
+                )),
+                None => Err(self.peer_closed(peer)),
+            },
             Some(_) => Ok(()),
         }
     }
 
     /// Notice peers whose setup socket closed (the process died or dropped the transport).
+    /// Bytes on a socket before this side has moved that link are the peer's `Failover`
+    /// frame: its QP failed, so this side moves too.
     fn check_sockets(&mut self) {
         self.last_socket_check = Instant::now();
-        for p in self.peers.values_mut().filter(|p| !p.closed) {
+        let mut asked = Vec::new();
+        for (&peer, p) in self.peers.iter_mut() {
+            if p.closed || p.fallback.is_some() {
+                continue;
+            }
             let mut byte = [0u8; 1];
             match p.socket.peek(&mut byte) {
                 Ok(0) => p.closed = true,
-                Ok(_) => {}
+                Ok(_) => asked.push(peer),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => p.closed = true,
             }
+        }
+        for peer in asked {
+            self.begin_fallback(peer, PEER_ASKED.to_string());
         }
     }
 
@@ -546,6 +695,10 @@ fn post_chunk(
     target[SLOT_HEADER..].copy_from_slice(bytes);
     let remote_at = p.remote.ring_addr + (slot * slot_bytes) as u64;
     let imm = Immediate::Data(p.posted as u32).encode();
+    let rkey = match p.bad_rkey_at {
+        Some(at) if p.posted >= at => !p.remote.ring_rkey,
+        _ => p.remote.ring_rkey,
+    };
     // SAFETY: the send slots live as long as the QP (both in `Peer`, the QP dropped first); the
     // slot is not written again before this write completes (as above); the remote slot is
     // free by the credits the peer returned (`has_room`: fewer than `slots` writes beyond the
@@ -555,7 +708,7 @@ fn post_chunk(
             wr_id(peer, WR_DATA),
             Some((&p.send_slots, at, len)),
             remote_at,
-            p.remote.ring_rkey,
+            rkey,
             imm,
         )
     }?;
@@ -606,39 +759,28 @@ fn slot_message(p: &Peer, seq: u64, len: usize, slot_bytes: usize) -> &[u8] {
     unsafe { p.ring.bytes(at..at + len) }
 }
 
-/// Take the chunk that landed in the ring's next slot. `Some`: it completed a message.
-#[allow(unsafe_code)] // reading memory the peer's NIC writes: the credit protocol's contract
-fn receive_chunk(
-    p: &mut Peer,
+/// What one chunk did to the message being assembled.
+enum Step {
+    /// A whole message in one chunk (the caller keeps or copies it).
+    Single,
+    /// The last chunk of a message of several: the message, and how long it took.
+    Completed(Tag, Vec<u8>, Option<Duration>),
+    /// A chunk of a message still incomplete.
+    Partial,
+}
+
+/// Add one chunk (`header`, its bytes `chunk`) of `peer`'s to the message being assembled.
+fn assemble(
+    assembling: &mut Option<Assembly>,
+    header: ChunkHeader,
+    chunk: &[u8],
     peer: usize,
-    seq: u32,
-    slot_bytes: usize,
-    max_message: usize,
     pool: &mut Vec<Vec<u8>>,
-) -> Result<Option<(Tag, Arrived)>, String> {
-    if seq != p.received as u32 & 0x7fff_ffff {
-        return Err(format!(
-            "chunk {seq} arrived where chunk {} was next",
-            p.received & 0x7fff_ffff
-        ));
+) -> Result<Step, String> {
+    if assembling.is_none() && header.chunk_len == header.message_len {
+        return Ok(Step::Single);
     }
-    let slots = p.ring.len() / slot_bytes;
-    let at = (p.received % slots as u64) as usize * slot_bytes;
-    // SAFETY: the completion for chunk `received` has been polled (the caller's `seq`), and
-    // its slot is not credited back before this function has copied or kept the chunk.
-    let slot = unsafe { p.ring.bytes(at..at + slot_bytes) };
-    let header = ChunkHeader::decode(slot, slot_bytes - SLOT_HEADER, max_message)?;
-    let chunk = &slot[SLOT_HEADER..SLOT_HEADER + header.chunk_len as usize];
-    if p.assembling.is_none() && header.chunk_len == header.message_len {
-        // A whole message in one slot: it stays there until consumed.
-        let seq = p.received;
-        p.received += 1;
-        p.done.push_back(false);
-        p.held += 1;
-        let len = header.message_len as usize;
-        return Ok(Some((header.tag, Arrived::InRing { seq, len })));
-    }
-    let assembly = match p.assembling.take() {
+    let mut assembly = match assembling.take() {
         Some(a) if a.tag == header.tag && a.len == header.message_len as usize => a,
         Some(a) => {
             return Err(format!(
@@ -662,7 +804,6 @@ fn receive_chunk(
             }
         }
     };
-    let mut assembly = assembly;
     if assembly.data.len() + chunk.len() > assembly.len || (chunk.is_empty() && assembly.len > 0) {
         return Err(format!(
             "chunk of {} bytes overruns the message of {} bytes (peer rank {peer})",
@@ -671,21 +812,208 @@ fn receive_chunk(
         ));
     }
     assembly.data.extend_from_slice(chunk);
+    if assembly.data.len() == assembly.len {
+        let transfer = (assembly.len > chunk.len()).then(|| assembly.started.elapsed());
+        return Ok(Step::Completed(assembly.tag, assembly.data, transfer));
+    }
+    *assembling = Some(assembly);
+    Ok(Step::Partial)
+}
+
+/// Take the chunk that landed in the ring's next slot. `Some`: it completed a message.
+#[allow(unsafe_code)] // reading memory the peer's NIC writes: the credit protocol's contract
+fn receive_chunk(
+    p: &mut Peer,
+    peer: usize,
+    seq: u32,
+    slot_bytes: usize,
+    max_message: usize,
+    pool: &mut Vec<Vec<u8>>,
+) -> Result<Option<(Tag, Arrived)>, String> {
+    if seq != p.received as u32 & 0x7fff_ffff {
+        return Err(format!(
+            "chunk {seq} arrived where chunk {} was next",
+            p.received & 0x7fff_ffff
+        ));
+    }
+    let slots = p.ring.len() / slot_bytes;
+    let at = (p.received % slots as u64) as usize * slot_bytes;
+    // SAFETY: the completion for chunk `received` has been polled (the caller's `seq`), and
+    // its slot is not credited back before this function has copied or kept the chunk.
+    let slot = unsafe { p.ring.bytes(at..at + slot_bytes) };
+    let header = ChunkHeader::decode(slot, slot_bytes - SLOT_HEADER, max_message)?;
+    let chunk = &slot[SLOT_HEADER..SLOT_HEADER + header.chunk_len as usize];
+    let step = assemble(&mut p.assembling, header, chunk, peer, pool)?;
     let seq = p.received;
     p.received += 1;
     p.done.push_back(false);
     p.held += 1;
-    let several_chunks = assembly.len > chunk.len();
-    release_slot(p, seq);
-    if assembly.data.len() == assembly.len {
-        let transfer = several_chunks.then(|| assembly.started.elapsed());
-        return Ok(Some((
-            assembly.tag,
-            Arrived::Owned(assembly.data, transfer),
-        )));
+    match step {
+        // A whole message in one slot: it stays there until consumed.
+        Step::Single => {
+            let len = header.message_len as usize;
+            Ok(Some((header.tag, Arrived::InRing { seq, len })))
+        }
+        Step::Completed(tag, data, transfer) => {
+            release_slot(p, seq);
+            Ok(Some((tag, Arrived::Owned(data, transfer))))
+        }
+        Step::Partial => {
+            release_slot(p, seq);
+            Ok(None)
+        }
     }
-    p.assembling = Some(assembly);
-    Ok(None)
+}
+
+/// Marks a failover this side began because the peer's `Failover` frame came first.
+const PEER_ASKED: &str = "the peer moved the link to tcp";
+
+/// One round of a fallen-back link (see `RdmaTransport::pump_fallback`). Returns whether bytes
+/// moved, and the peer's reason when its `Failover` frame came in this round.
+fn fallback_round(
+    p: &mut Peer,
+    f: &mut Fallback,
+    peer: usize,
+    geometry: (usize, u64, usize),
+    max_message: usize,
+    pool: &mut Vec<Vec<u8>>,
+    inbox: &mut KeyMap<(usize, Tag), VecDeque<Arrived>>,
+) -> Result<(bool, Option<String>), String> {
+    const READ: usize = 64 << 10;
+    let (payload, slots, slot_bytes) = geometry;
+    let mut moved = false;
+    let mut peer_reason = None;
+    // Read what the socket has (a few slots' worth per round at most).
+    while f.input.len() < 4 * slot_bytes && !p.closed {
+        let len = f.input.len();
+        f.input.resize(len + READ, 0);
+        let got = p.socket.read(&mut f.input[len..]);
+        f.input.truncate(len + *got.as_ref().unwrap_or(&0));
+        match got {
+            Ok(0) => p.closed = true,
+            Ok(_) => moved = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => p.closed = true,
+        }
+    }
+    let mut at = 0;
+    while let Some((frame, used)) = SocketFrame::decode(&f.input[at..], slot_bytes)? {
+        at += used;
+        match frame {
+            SocketFrame::Failover { received, reason } => {
+                if f.heard.is_some() {
+                    return Err("a second failover frame".into());
+                }
+                if received < p.credited || received > p.posted {
+                    return Err(format!(
+                        "rank {peer} says it took {received} chunks where {} were sent and {} credited",
+                        p.posted, p.credited
+                    ));
+                }
+                f.heard = Some(received);
+                peer_reason = Some(reason);
+            }
+            SocketFrame::Chunk { seq, slot } => {
+                if f.heard.is_none() || seq != p.received {
+                    return Err(format!(
+                        "chunk {seq} arrived over tcp where chunk {} was next",
+                        p.received
+                    ));
+                }
+                let header = ChunkHeader::decode(&slot, slot_bytes - SLOT_HEADER, max_message)?;
+                let chunk = &slot[SLOT_HEADER..];
+                if chunk.len() != header.chunk_len as usize {
+                    return Err(format!(
+                        "a chunk frame of {} bytes says {}",
+                        chunk.len(),
+                        header.chunk_len
+                    ));
+                }
+                p.received += 1;
+                let arrived = match assemble(&mut p.assembling, header, chunk, peer, pool)? {
+                    Step::Single => {
+                        let mut data = pool.pop().unwrap_or_default();
+                        data.clear();
+                        data.extend_from_slice(chunk);
+                        Some((header.tag, Arrived::Owned(data, None)))
+                    }
+                    Step::Completed(tag, data, transfer) => {
+                        Some((tag, Arrived::Owned(data, transfer)))
+                    }
+                    Step::Partial => None,
+                };
+                if let Some((tag, arrived)) = arrived {
+                    inbox.entry((peer, tag)).or_default().push_back(arrived);
+                }
+            }
+        }
+    }
+    f.input.drain(..at);
+    // The chunks the peer has not taken, still in their send slots (a slot is reused only
+    // after the peer credits it back, and it credits only chunks it has taken).
+    if let Some(from) = f.heard
+        && !f.resent
+    {
+        for seq in from..p.posted {
+            let at = (seq % slots) as usize * slot_bytes;
+            let slot = send_slot(p, at, slot_bytes, payload)?;
+            wire::encode_chunk(&mut f.out, seq, &[slot]);
+        }
+        f.resent = true;
+        moved = true;
+    }
+    // Then what was queued, chunk by chunk.
+    while f.resent && f.out.len() - f.written < FALLBACK_OUT_LIMIT {
+        let Some(mut front) = p.outgoing.pop_front() else {
+            break;
+        };
+        let bytes =
+            &front.data[front.sent..front.sent + (front.data.len() - front.sent).min(payload)];
+        let header = ChunkHeader {
+            tag: front.tag,
+            message_len: front.data.len() as u32,
+            chunk_len: bytes.len() as u32,
+        };
+        wire::encode_chunk(&mut f.out, p.posted, &[&header.encode(), bytes]);
+        p.posted += 1;
+        let len = bytes.len();
+        front.sent += len;
+        p.queued -= len;
+        moved = true;
+        if front.sent < front.data.len() {
+            p.outgoing.push_front(front);
+        } else if pool.len() < POOL_LIMIT {
+            pool.push(front.data);
+        }
+    }
+    while f.written < f.out.len() && !p.closed {
+        match p.socket.write(&f.out[f.written..]) {
+            Ok(0) => p.closed = true,
+            Ok(n) => {
+                f.written += n;
+                moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => p.closed = true,
+        }
+    }
+    if f.written == f.out.len() || f.written >= FALLBACK_OUT_LIMIT {
+        f.out.drain(..f.written);
+        f.written = 0;
+    }
+    Ok((moved, peer_reason))
+}
+
+/// The chunk (header and bytes) this side wrote into the send slot at `at`.
+#[allow(unsafe_code)] // reading registered memory the NIC may still read
+fn send_slot(p: &Peer, at: usize, slot_bytes: usize, payload: usize) -> Result<&[u8], String> {
+    // SAFETY: only this side writes its send slots (the NIC reads them), and it writes a slot
+    // only from `post_chunk`, which is not called on a peer that has moved to tcp.
+    let slot = unsafe { p.send_slots.bytes(at..at + slot_bytes) };
+    let header = ChunkHeader::decode(slot, payload, usize::MAX)?;
+    Ok(&slot[..SLOT_HEADER + header.chunk_len as usize])
 }
 
 impl Transport for RdmaTransport {
@@ -739,6 +1067,8 @@ impl Transport for RdmaTransport {
                     held: 0,
                     assembling: None,
                     closed: false,
+                    fallback: None,
+                    bad_rkey_at: None,
                 },
             );
         }
@@ -774,8 +1104,10 @@ impl Transport for RdmaTransport {
         // half a ring that does not fit the credits now is refused ("not now") rather than
         // copied: the caller comes back after progress, which returns credits in between, so
         // no rank posts long bursts while its peer's credits wait unread.
+        // A peer moved to tcp takes every message through the queue (see `fallback_round`).
+        let direct = p.outgoing.is_empty() && p.fallback.is_none();
         let chunks = data.len().div_ceil(payload).max(1) as u64;
-        if p.outgoing.is_empty()
+        if direct
             && chunks <= slots / 2
             && !has_room(p.posted + chunks - 1, p.credited, p.send_done, slots)
         {
@@ -784,25 +1116,27 @@ impl Transport for RdmaTransport {
         }
         let mut sent = 0;
         let mut posted_any = false;
-        if p.outgoing.is_empty() {
+        let mut failed = None;
+        if direct {
             while (!posted_any || sent < data.len())
                 && has_room(p.posted, p.credited, p.send_done, slots)
             {
                 match post_chunk(p, peer, tag, data, sent, geometry) {
                     Ok(chunk) => sent += chunk,
                     Err(e) => {
-                        self.pool.push(buf);
-                        return Err(self.verbs_error(peer, e));
+                        failed = Some(e);
+                        break;
                     }
                 }
                 posted_any = true;
             }
         }
-        if posted_any && sent == data.len() {
+        if failed.is_none() && posted_any && sent == data.len() {
             self.pool.push(buf);
             return Ok(true);
         }
-        if p.queued > 0 && p.queued + data.len() - sent > limit {
+        // Part of a message whose post failed is queued whatever the limit: it is taken.
+        if failed.is_none() && p.queued > 0 && p.queued + data.len() - sent > limit {
             self.pool.push(buf);
             return Ok(false);
         }
@@ -814,6 +1148,9 @@ impl Transport for RdmaTransport {
             data: buf,
             sent,
         });
+        if let Some(e) = failed {
+            self.fail_over(peer, format!("posting to its QP failed: {}", e.0))?;
+        }
         Ok(true)
     }
 
@@ -922,13 +1259,21 @@ impl Transport for RdmaTransport {
         if self.drain().is_err() || !self.completions.is_empty() {
             return Readiness::Ready;
         }
+        // A fallen-back link with chunks to frame has work without waiting.
+        let framing = |p: &Peer| {
+            p.fallback.as_ref().is_some_and(|f| {
+                (f.heard.is_some() && !f.resent)
+                    || (f.resent && !p.outgoing.is_empty() && f.out.len() < FALLBACK_OUT_LIMIT)
+            })
+        };
+        if self.peers.values().any(|p| !p.closed && framing(p)) {
+            return Readiness::Ready;
+        }
         fds.push((self.device.channel_fd(), false));
-        fds.extend(
-            self.peers
-                .values()
-                .filter(|p| !p.closed)
-                .map(|p| (p.socket.as_raw_fd(), false)),
-        );
+        fds.extend(self.peers.values().filter(|p| !p.closed).map(|p| {
+            let unwritten = p.fallback.as_ref().is_some_and(|f| f.written < f.out.len());
+            (p.socket.as_raw_fd(), unwritten)
+        }));
         Readiness::Sleep
     }
 
@@ -945,13 +1290,21 @@ impl Transport for RdmaTransport {
     /// chunks unacknowledged, all of them bound for a receiver that is still in the operation
     /// that needs them, so its progress fills the batch.
     fn flushed(&self) -> bool {
-        self.peers
-            .values()
-            .all(|p| p.closed || p.outgoing.is_empty())
+        self.peers.values().all(|p| {
+            p.closed
+                || (p.outgoing.is_empty()
+                    && p.fallback
+                        .as_ref()
+                        .is_none_or(|f| f.resent && f.out.is_empty()))
+        })
     }
 
     fn take_refused(&mut self) -> Vec<(usize, String)> {
         std::mem::take(&mut self.refused)
+    }
+
+    fn path_changes(&self) -> Vec<PathChange> {
+        self.failovers.clone()
     }
 
     fn peer_lost(&self, peer: usize) -> bool {
@@ -970,7 +1323,12 @@ impl Drop for RdmaTransport {
         let pending = |t: &RdmaTransport| {
             t.peers.values().any(|p| {
                 !p.closed
-                    && (!p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0)
+                    && match &p.fallback {
+                        Some(f) => !p.outgoing.is_empty() || !f.resent || !f.out.is_empty(),
+                        None => {
+                            !p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0
+                        }
+                    }
             })
         };
         while pending(self) && Instant::now() < end {

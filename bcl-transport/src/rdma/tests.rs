@@ -211,8 +211,10 @@ fn rdma_wait_sleeps_on_the_channel_and_wakes_for_a_message() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
-fn rdma_a_bad_remote_key_is_a_link_failure_naming_ranks_and_device() {
-    let mut ts = connected(2, config());
+fn rdma_a_bad_remote_key_is_a_link_failure_naming_ranks_and_device_without_failover() {
+    let mut c = config();
+    c.tcp_failover = false;
+    let mut ts = connected(2, c);
     // Corrupt rank 0's copy of rank 1's ring key: its next write is refused by the remote NIC.
     ts[0].peers.get_mut(&1).expect("peer").remote.ring_rkey ^= 0x5a5a;
     assert!(ts[0].try_send(1, 9, b"doomed").expect("posting succeeds"));
@@ -242,6 +244,147 @@ fn rdma_a_bad_remote_key_is_a_link_failure_naming_ranks_and_device() {
     );
     assert!(text.to_lowercase().contains("error"), "{text}");
     assert_eq!(e.peer(), Some(1));
+}
+
+/// Message `i` of `from`: its length (1 byte to several chunks, some empty) and bytes.
+fn numbered(from: usize, i: usize) -> Vec<u8> {
+    let len = [0, 1, 100, 4096, 4097, 9000, 20_000][i % 7] + i % 13;
+    (0..len).map(|j| (from * 31 + i * 7 + j) as u8).collect()
+}
+
+/// Ranks 0 and 1 send each other `count` numbered messages under two tags while `fault` acts
+/// once `at` of them have been sent; every message must arrive once, whole and in order per
+/// tag (checked against `numbered`), and both ends must end flushed.
+fn exchange_through_a_fault(
+    ts: &mut [RdmaTransport],
+    count: usize,
+    at: usize,
+    fault: impl FnOnce(&mut [RdmaTransport]),
+) {
+    let mut fault = Some(fault);
+    let mut sent = [0usize; 2];
+    let mut got = [[0usize; 2]; 2];
+    let until = Instant::now() + Duration::from_secs(120);
+    while got[0].iter().sum::<usize>() < count || got[1].iter().sum::<usize>() < count {
+        assert!(
+            Instant::now() < until,
+            "stuck: sent {sent:?}, received {got:?}"
+        );
+        if sent[0].min(sent[1]) >= at
+            && let Some(f) = fault.take()
+        {
+            f(ts);
+        }
+        for rank in 0..2 {
+            let peer = 1 - rank;
+            while sent[rank] < count {
+                let i = sent[rank];
+                let tag = (i % 2) as Tag;
+                if !ts[rank]
+                    .try_send(peer, tag, &numbered(rank, i))
+                    .expect("send")
+                {
+                    break;
+                }
+                sent[rank] += 1;
+            }
+            ts[rank].progress().expect("progress");
+            for (tag, got) in got[rank].iter_mut().enumerate() {
+                while let Some(m) = ts[rank].try_recv(peer, tag as Tag).expect("receive") {
+                    let i = 2 * *got + tag;
+                    assert_eq!(
+                        m.data,
+                        numbered(peer, i),
+                        "rank {rank}: message {i} of rank {peer}"
+                    );
+                    *got += 1;
+                    ts[rank].release(m);
+                }
+            }
+        }
+    }
+    drive(ts, |ts| ts.iter().all(|t| t.flushed()));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_bad_remote_key_moves_the_link_to_tcp_and_nothing_is_lost_or_doubled() {
+    let mut ts = connected(2, config());
+    // From 3 chunks after each side's 10th message on, rank 0 writes rank 1's ring with a
+    // wrong key: an error completion with chunks of several messages in flight, some half
+    // sent.
+    exchange_through_a_fault(&mut ts, 300, 10, |ts| {
+        let p = ts[0].peers.get_mut(&1).expect("peer");
+        p.bad_rkey_at = Some(p.posted + 3);
+    });
+    let moved = ts[0].path_changes();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!((moved[0].peer, moved[0].to), (1, "tcp"));
+    assert!(
+        moved[0].from.starts_with("rdma ") && moved[0].from.contains("port 1"),
+        "{moved:?}"
+    );
+    assert!(
+        moved[0].reason.contains("completed with error"),
+        "{moved:?}"
+    );
+    let other = ts[1].path_changes();
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_eq!((other[0].peer, other[0].to), (0, "tcp"));
+    // Both links carry on over the socket: the fallback framed every chunk after the fault.
+    assert!(
+        ts.iter()
+            .all(|t| t.peers.values().all(|p| p.fallback.is_some()))
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_link_that_fails_at_once_moves_to_tcp_before_any_chunk_was_taken() {
+    let mut ts = connected(2, config());
+    exchange_through_a_fault(&mut ts, 40, 0, |ts| {
+        ts[1].peers.get_mut(&0).expect("peer").bad_rkey_at = Some(0);
+    });
+    assert_eq!(ts[1].path_changes().len(), 1);
+    assert_eq!(ts[0].path_changes().len(), 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_fallen_back_link_whose_socket_closes_is_a_link_failure_naming_both() {
+    let mut ts = connected(2, config());
+    ts[0].peers.get_mut(&1).expect("peer").bad_rkey_at = Some(0);
+    assert!(ts[0].try_send(1, 3, b"over tcp").expect("send"));
+    drive(&mut ts, |ts| {
+        ts[1].peers[&0].fallback.is_some() && ts[0].peers[&1].fallback.is_some()
+    });
+    let gone = ts.pop().expect("rank 1");
+    drop(gone);
+    let until = Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        assert!(Instant::now() < until, "no error in 10 s");
+        let _ = ts[0].progress();
+        match ts[0].try_recv(1, 3) {
+            Err(e) => break e,
+            Ok(_) => ts[0].wait(Duration::from_millis(10)).expect("wait"),
+        }
+    };
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            TransportError::LinkFailed {
+                local: 0,
+                peer: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("moved to tcp") && text.contains("tcp path closed"),
+        "{text}"
+    );
 }
 
 #[test]

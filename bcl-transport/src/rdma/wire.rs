@@ -171,6 +171,105 @@ impl Immediate {
     }
 }
 
+/// What the setup socket carries once a link has moved to tcp (see `fallback`): first each
+/// side's `Failover` (how many of the peer's chunks it has taken, and why it moved), then the
+/// peer's chunks from that number on, each as it would lie in a slot (header and bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SocketFrame {
+    Failover { received: u64, reason: String },
+    Chunk { seq: u64, slot: Vec<u8> },
+}
+
+const FRAME_FAILOVER: u8 = 1;
+const FRAME_CHUNK: u8 = 2;
+/// The longest reason a `Failover` frame carries.
+pub const MAX_REASON: usize = 1024;
+
+impl SocketFrame {
+    /// Append the frame's bytes to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        match self {
+            SocketFrame::Failover { received, reason } => {
+                let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+                out.push(FRAME_FAILOVER);
+                out.extend_from_slice(&received.to_le_bytes());
+                out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+                out.extend_from_slice(reason);
+            }
+            SocketFrame::Chunk { seq, slot } => encode_chunk(out, *seq, &[slot]),
+        }
+    }
+
+    /// The first frame in `bytes` and its length; `Ok(None)`: incomplete. A chunk longer than
+    /// `slot_bytes` or an unknown kind is an error.
+    pub fn decode(bytes: &[u8], slot_bytes: usize) -> Result<Option<(SocketFrame, usize)>, String> {
+        let Some(&kind) = bytes.first() else {
+            return Ok(None);
+        };
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        match kind {
+            FRAME_FAILOVER => {
+                if bytes.len() < 11 {
+                    return Ok(None);
+                }
+                let len = u16::from_le_bytes([bytes[9], bytes[10]]) as usize;
+                if len > MAX_REASON {
+                    return Err(format!(
+                        "a failover reason of {len} bytes (limit {MAX_REASON})"
+                    ));
+                }
+                if bytes.len() < 11 + len {
+                    return Ok(None);
+                }
+                let reason = String::from_utf8_lossy(&bytes[11..11 + len]).into_owned();
+                let received = u64_at(1);
+                Ok(Some((SocketFrame::Failover { received, reason }, 11 + len)))
+            }
+            FRAME_CHUNK => {
+                if bytes.len() < 13 {
+                    return Ok(None);
+                }
+                let len = u32::from_le_bytes([bytes[9], bytes[10], bytes[11], bytes[12]]) as usize;
+                if !(SLOT_HEADER..=slot_bytes).contains(&len) {
+                    return Err(format!(
+                        "a chunk frame of {len} bytes (a slot holds {SLOT_HEADER}..={slot_bytes})"
+                    ));
+                }
+                if bytes.len() < 13 + len {
+                    return Ok(None);
+                }
+                let slot = bytes[13..13 + len].to_vec();
+                Ok(Some((
+                    SocketFrame::Chunk {
+                        seq: u64_at(1),
+                        slot,
+                    },
+                    13 + len,
+                )))
+            }
+            other => Err(format!(
+                "a frame of unknown kind {other} on the rdma setup socket"
+            )),
+        }
+    }
+}
+
+/// A chunk frame from the slot's bytes (header and chunk, in `parts`), without building a
+/// `SocketFrame`.
+pub fn encode_chunk(out: &mut Vec<u8>, seq: u64, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.push(FRAME_CHUNK);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+}
+
 /// The new total of freed slots, from the last known total and a reported one (both counted
 /// modulo 2^31): credits only grow, so the report is the smallest total ≥ `known` that matches.
 pub fn advance_counter(known: u64, reported: u32) -> u64 {
@@ -214,6 +313,68 @@ mod tests {
         let mut bad = r;
         bad.endpoint.qp_num = 0;
         assert!(ConnectionRecord::decode(&bad.encode()).is_err());
+    }
+
+    #[test]
+    fn socket_frames_round_trip_in_pieces_and_bad_ones_are_named() {
+        let frames = [
+            SocketFrame::Failover {
+                received: 1 << 40,
+                reason: "write completed with error: retry exceeded".into(),
+            },
+            SocketFrame::Chunk {
+                seq: 7,
+                slot: (0..SLOT_HEADER as u8 + 5).collect(),
+            },
+        ];
+        let whole = |b: &[u8]| {
+            SocketFrame::decode(b, 64)
+                .expect("a valid frame")
+                .expect("a whole frame")
+        };
+        let mut bytes = Vec::new();
+        for f in &frames {
+            f.encode_into(&mut bytes);
+        }
+        // Every prefix short of a frame is incomplete, never an error.
+        let first_len = whole(&bytes).1;
+        for cut in 0..first_len {
+            assert_eq!(
+                SocketFrame::decode(&bytes[..cut], 64),
+                Ok(None),
+                "cut {cut}"
+            );
+        }
+        let (a, n) = whole(&bytes);
+        let (b, m) = whole(&bytes[n..]);
+        assert_eq!([a, b], frames);
+        assert_eq!(n + m, bytes.len());
+        // A chunk larger than a slot, one shorter than a header, an unknown kind.
+        assert!(
+            SocketFrame::decode(&bytes[n..], 20)
+                .expect_err("a bad frame")
+                .contains("21 bytes")
+        );
+        let mut short = Vec::new();
+        encode_chunk(&mut short, 1, &[&[0; 3]]);
+        assert!(
+            SocketFrame::decode(&short, 64)
+                .expect_err("a bad frame")
+                .contains("3 bytes")
+        );
+        assert!(
+            SocketFrame::decode(&[9, 0], 64)
+                .expect_err("a bad frame")
+                .contains("unknown kind 9")
+        );
+        let mut long = vec![FRAME_FAILOVER];
+        long.extend_from_slice(&0u64.to_le_bytes());
+        long.extend_from_slice(&(MAX_REASON as u16 + 1).to_le_bytes());
+        assert!(
+            SocketFrame::decode(&long, 64)
+                .expect_err("a bad frame")
+                .contains("limit")
+        );
     }
 
     #[test]

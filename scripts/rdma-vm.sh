@@ -8,7 +8,8 @@
 #                                         # exits with CMD's status; OUTDIR is mounted read-write
 #                                         # at the same path inside the guest (default target/rdma-vm/out)
 #
-# Inside the guest: device rxe0 on dummy0 (10.251.0.1/24), GID index 1 = the IPv4-mapped GID.
+# Inside the guest: device rxe0 on dummy0 (10.251.0.1/24) and rxe1 on dummy1 (10.251.1.1/24),
+# GID index 1 = the IPv4-mapped GID.
 # BCL_RDMA_VM=1 is set there so tests know the device must exist.
 set -euo pipefail
 
@@ -99,6 +100,11 @@ ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
 ip addr add 10.251.0.1/24 dev dummy0
 ip link set dummy0 up
 rdma link add rxe0 type rxe netdev dummy0 || { echo "rdma-vm: rdma link add failed"; exit 97; }
+# A second device on a second netdev, for several queue pairs per peer over two devices.
+ip link add dummy1 type dummy
+ip addr add 10.251.1.1/24 dev dummy1
+ip link set dummy1 up
+rdma link add rxe1 type rxe netdev dummy1 || { echo "rdma-vm: rdma link add rxe1 failed"; exit 97; }
 cd "$repo"
 bash -c $(printf '%q' "$cmd")
 GUEST

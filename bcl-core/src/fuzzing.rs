@@ -64,6 +64,7 @@ const SETTINGS: &[&str] = &[
     "BCL_SOCKETS_PER_OP",
     "BCL_RDMA_DEVICE",
     "BCL_RDMA_TCP_FAILOVER",
+    "BCL_RDMA_QPS",
     "BCL_BIND_IP",
     "BCL_INIT_TIMEOUT_S",
     "BCL_TIMEOUT_S",

@@ -39,13 +39,26 @@ fn tcp(rank: usize, config: &CommConfig, secret: Secret) -> Result<TcpTransport>
 /// it (no libibverbs, no device, no active port): the reason, for a message or a log line.
 #[cfg(feature = "rdma")]
 fn rdma(config: &CommConfig, secret: Secret) -> std::result::Result<Box<dyn Transport>, String> {
-    use bcl_transport::rdma::{RdmaConfig, RdmaTransport};
+    use bcl_transport::rdma::{RdmaConfig, RdmaTransport, lanes::RdmaLanes};
     let mut rdma = RdmaConfig::new(secret);
     rdma.bind_ip = config.bind_ip;
-    rdma.device = config.rdma_device.clone();
     rdma.tcp_failover = config.rdma_tcp_failover;
     rdma.max_message = rdma.max_message.max(config.slice_bytes);
-    RdmaTransport::bind(rdma)
+    let devices: Vec<Option<String>> = match &config.rdma_device {
+        None => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|d| Some(d.trim().to_string()))
+            .collect(),
+    };
+    let lanes = config.rdma_qps.max(devices.len());
+    if lanes == 1 {
+        rdma.device = devices.into_iter().next().flatten();
+        return RdmaTransport::bind(rdma)
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .map_err(|e| e.to_string());
+    }
+    RdmaLanes::bind(rdma, &devices, lanes)
         .map(|t| Box::new(t) as Box<dyn Transport>)
         .map_err(|e| e.to_string())
 }

@@ -41,6 +41,9 @@ pub enum Setup {
     RdmaCpu,
     /// RDMA verbs, odd ranks on the simulated vendor, even on cpu.
     RdmaMixed,
+    /// RDMA verbs over two queue pairs per peer on two devices (rxe0 and rxe1 in the VM),
+    /// every rank on the cpu backend.
+    RdmaTwoDevices,
 }
 
 impl Setup {
@@ -88,12 +91,13 @@ pub fn test_config(setup: Setup, rank: usize) -> CommConfig {
             Setup::ShmCpu | Setup::ShmMixed | Setup::ShmMixedStaged | Setup::ShmCuda { .. } => {
                 TransportKind::Shm
             }
-            Setup::RdmaCpu | Setup::RdmaMixed => TransportKind::Rdma,
+            Setup::RdmaCpu | Setup::RdmaMixed | Setup::RdmaTwoDevices => TransportKind::Rdma,
         },
         init_timeout: Duration::from_secs(30),
         op_timeout: Duration::from_secs(30),
         // Small slices, so that even modest counts are pipelined over several messages.
         slice_bytes: 16 << 10,
+        rdma_device: (setup == Setup::RdmaTwoDevices).then(|| "rxe0,rxe1".to_string()),
         ..CommConfig::default()
     }
 }

@@ -65,6 +65,7 @@ mod rdma {
         rdma_cpu_4: Setup::RdmaCpu, 4;
         rdma_mixed_2: Setup::RdmaMixed, 2;
         rdma_mixed_4: Setup::RdmaMixed, 4;
+        rdma_two_devices_4: Setup::RdmaTwoDevices, 4;
     }
 }
 

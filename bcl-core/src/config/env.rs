@@ -15,7 +15,7 @@ impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
     /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
-    /// `BCL_RDMA_TCP_FAILOVER` (on, off),
+    /// `BCL_RDMA_QPS`, `BCL_RDMA_TCP_FAILOVER` (on, off),
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
@@ -58,6 +58,9 @@ impl CommConfig {
         }
         if let Some(v) = get("BCL_RDMA_DEVICE") {
             self.rdma_device = Some(v).filter(|v| !v.is_empty());
+        }
+        if let Some(n) = count("BCL_RDMA_QPS", super::limits::RDMA_QPS)? {
+            self.rdma_qps = n;
         }
         if let Some(v) = get("BCL_RDMA_TCP_FAILOVER") {
             self.rdma_tcp_failover = match v.trim() {
@@ -254,6 +257,7 @@ mod tests {
                 &["-1", "0", "65", "1.5", "inf", "99999999999999999999"],
             ),
             ("BCL_SOCKETS_PER_OP", &["-1", "0", "65", "nan"]),
+            ("BCL_RDMA_QPS", &["-1", "0", "9", "1.5", "inf"]),
             ("BCL_SOCKET_BUFFER", &["-1", "4M", "1e9", "99999999999999"]),
             (
                 "BCL_SLICE_BYTES",

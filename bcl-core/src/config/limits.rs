@@ -80,6 +80,12 @@ pub const SLOW_WINDOW: Span = Span {
     min: Duration::from_millis(10),
     max: Duration::from_secs(3600),
 };
+/// RDMA queue pairs per peer (lanes; see `bcl_transport::rdma::lanes`).
+pub const RDMA_QPS: Count = Count {
+    min: 1,
+    max: 8,
+    unit: "queue pairs",
+};
 pub const SOCKETS: Count = Count {
     min: 1,
     max: 64,

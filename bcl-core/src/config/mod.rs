@@ -142,8 +142,12 @@ pub struct CommConfig {
     /// Over how many of a peer's connections an operation spreads its messages, instead of
     /// choosing by size (`schedule::connections_per_peer`); `None`: choose.
     pub sockets_per_op: Option<usize>,
-    /// The RDMA device to use ("mlx5_0", "rxe0"); `None`: the first with an active port.
+    /// The RDMA device to use ("mlx5_0", "rxe0"), or several separated by commas ("mlx5_0,mlx5_1":
+    /// the queue pairs to each peer spread over them); `None`: the first with an active port.
     pub rdma_device: Option<String>,
+    /// RDMA queue pairs per peer (1..=8): at least one per device named in `rdma_device`; each
+    /// tag keeps to one, so a collective's slices go out over all of them.
+    pub rdma_qps: usize,
     /// Move a peer whose RDMA queue pair fails to tcp mid-run and go on (a degraded link in
     /// the health report), instead of failing the link. On by default.
     pub rdma_tcp_failover: bool,
@@ -200,6 +204,7 @@ impl Default for CommConfig {
             socket_buffer: 4 << 20,
             sockets_per_op: None,
             rdma_device: None,
+            rdma_qps: 1,
             rdma_tcp_failover: true,
             bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             init_timeout: Duration::from_secs(60),

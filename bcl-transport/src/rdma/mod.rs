@@ -27,6 +27,7 @@
 //! the socket cannot reach either is a link failure. The link stays on tcp (no move back).
 
 mod connect;
+pub mod lanes;
 pub mod verbs;
 pub mod wire;
 

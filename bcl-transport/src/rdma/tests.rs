@@ -46,7 +46,7 @@ fn connected(n: usize, config: RdmaConfig) -> Vec<RdmaTransport> {
 }
 
 /// Progress every transport until `done` or a bounded time passes.
-fn drive(ts: &mut [RdmaTransport], mut done: impl FnMut(&mut [RdmaTransport]) -> bool) {
+fn drive<T: Transport>(ts: &mut [T], mut done: impl FnMut(&mut [T]) -> bool) {
     let until = Instant::now() + Duration::from_secs(60);
     while !done(ts) {
         assert!(Instant::now() < until, "no progress within 60 s");
@@ -255,11 +255,11 @@ fn numbered(from: usize, i: usize) -> Vec<u8> {
 /// Ranks 0 and 1 send each other `count` numbered messages under two tags while `fault` acts
 /// once `at` of them have been sent; every message must arrive once, whole and in order per
 /// tag (checked against `numbered`), and both ends must end flushed.
-fn exchange_through_a_fault(
-    ts: &mut [RdmaTransport],
+fn exchange_through_a_fault<T: Transport>(
+    ts: &mut [T],
     count: usize,
     at: usize,
-    fault: impl FnOnce(&mut [RdmaTransport]),
+    fault: impl FnOnce(&mut [T]),
 ) {
     let mut fault = Some(fault);
     let mut sent = [0usize; 2];
@@ -387,6 +387,60 @@ fn rdma_a_fallen_back_link_whose_socket_closes_is_a_link_failure_naming_both() {
     );
 }
 
+/// `n` ranks of two lanes each, on rxe0 and rxe1 (the VM has both).
+fn connected_lanes(n: usize) -> Vec<lanes::RdmaLanes> {
+    let devices = [Some("rxe0".to_string()), Some("rxe1".to_string())];
+    let config = config();
+    let mut ts: Vec<lanes::RdmaLanes> = (0..n)
+        .map(|_| {
+            let bound = lanes::RdmaLanes::bind(config.clone(), &devices, 2);
+            bound.expect("bind two lanes (the VM?)")
+        })
+        .collect();
+    let addresses: Vec<PeerAddress> = ts.iter().map(|t| t.address().clone()).collect();
+    thread::scope(|s| {
+        for (rank, t) in ts.iter_mut().enumerate() {
+            let peers: Vec<(usize, PeerAddress)> = (addresses.iter().enumerate())
+                .filter(|(p, _)| *p != rank)
+                .map(|(p, a)| (p, a.clone()))
+                .collect();
+            s.spawn(move || t.connect(rank, &peers, deadline()).expect("connect"));
+        }
+    });
+    ts
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_two_lanes_on_two_devices_carry_both_tags_and_one_failing_lane_moves_alone() {
+    let mut ts = connected_lanes(2);
+    assert_eq!(ts[0].device_label(), "rxe0 port 1, rxe1 port 1");
+    // Tag 1 rides lane 1 (rxe1): its QP to rank 1 fails; tag 0 stays on rxe0.
+    exchange_through_a_fault(&mut ts, 200, 10, |ts| {
+        let lane = ts[0].lane(1);
+        let p = lane.peers.get_mut(&1).expect("peer");
+        p.bad_rkey_at = Some(p.posted + 1);
+    });
+    for (rank, t) in ts.iter().enumerate() {
+        let moved = t.path_changes();
+        assert_eq!(moved.len(), 1, "rank {rank}: {moved:?}");
+        assert!(moved[0].from.contains("rxe1"), "rank {rank}: {moved:?}");
+    }
+    assert!(ts[0].lanes[0].peers[&1].fallback.is_none());
+    assert!(ts[0].lanes[1].peers[&1].fallback.is_some());
+}
+
+#[test]
+fn lanes_outside_one_to_eight_are_refused() {
+    for n in [0, lanes::MAX_LANES + 1] {
+        let e = lanes::RdmaLanes::bind(config(), &[], n).expect_err("out of range");
+        assert!(
+            e.to_string().contains(&format!("{n} queue pairs per peer")),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
 fn rdma_a_peer_that_goes_away_is_reported_lost() {
@@ -494,4 +548,23 @@ mod contract {
         world,
         #[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
     );
+
+    /// The same contract over two lanes per peer, on rxe0 and rxe1.
+    mod two_lanes {
+        use super::super::connected_lanes;
+        use crate::contract::World;
+
+        fn world(n: usize) -> World {
+            let ends = connected_lanes(n)
+                .into_iter()
+                .map(|t| Box::new(t) as Box<dyn crate::Transport>)
+                .collect();
+            World::new(ends, |_| {})
+        }
+
+        crate::contract::transport_contract!(
+            world,
+            #[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+        );
+    }
 }

@@ -190,7 +190,12 @@ impl SocketFrame {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         match self {
             SocketFrame::Failover { received, reason } => {
-                let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+                // Cut at a character boundary: the peer reads the reason as UTF-8.
+                let mut end = reason.len().min(MAX_REASON);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let reason = &reason.as_bytes()[..end];
                 out.push(FRAME_FAILOVER);
                 out.extend_from_slice(&received.to_le_bytes());
                 out.extend_from_slice(&(reason.len() as u16).to_le_bytes());

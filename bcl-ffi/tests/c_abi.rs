@@ -179,6 +179,13 @@ fn c_program_with_ranks_on_a_device_plugin() {
 /// Start `n` rank processes made by `command(rank)` with the launcher variables set, and check
 /// each prints "rank R OK" and exits 0 within a bounded time.
 fn run_ranks_with(n: usize, what: &str, command: impl Fn(usize) -> Command) {
+    // One world at a time: the unique id names a port that was free when it was made, and
+    // another test's world starting meanwhile could take it before rank 0 binds it (CI saw
+    // "store: binding: Address already in use").
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let id = bcl_core::UniqueId::new("127.0.0.1".parse().expect("ip")).expect("id");
     let children: Vec<Child> = (0..n)
         .map(|r| {

@@ -227,17 +227,7 @@ impl Transport for Routes {
             return self.parts[0].wait(timeout);
         }
         let mut fds = std::mem::take(&mut self.fds);
-        fds.clear();
-        let readiness = self.prepare_wait(&mut fds);
-        let slept = match readiness {
-            Readiness::Sleep => crate::poll::poll_fds(&fds, timeout),
-            Readiness::Ready => Ok(()),
-            Readiness::Unsupported => {
-                std::thread::sleep(timeout.min(Duration::from_micros(100)));
-                Ok(())
-            }
-        };
-        self.after_wait();
+        let slept = crate::transport::sleep_prepared(self, &mut fds, timeout);
         self.fds = fds;
         slept.map_err(|source| TransportError::Setup {
             what: "poll(2) on the transports' descriptors".into(),
@@ -280,6 +270,10 @@ impl Transport for Routes {
 
     fn path_changes(&self) -> Vec<crate::transport::PathChange> {
         self.parts.iter().flat_map(|p| p.path_changes()).collect()
+    }
+
+    fn path_change_count(&self) -> usize {
+        self.parts.iter().map(|p| p.path_change_count()).sum()
     }
 
     /// The lines of the part every routed peer goes to; none when they go to several.

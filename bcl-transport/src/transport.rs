@@ -230,6 +230,12 @@ pub trait Transport: Send + fmt::Debug {
         Vec::new()
     }
 
+    /// How many `path_changes` there are: cheap, for a caller that looks after every
+    /// operation and fetches the list only when it grew.
+    fn path_change_count(&self) -> usize {
+        0
+    }
+
     /// Spread the messages sent from now on to each peer over at most `per_peer` of the
     /// connections this transport keeps to it (`None`: all of them). Only the sender's choice:
     /// a receiver takes a message on whichever connection it comes. Transports with one
@@ -330,4 +336,25 @@ pub trait Lines {
         awaited: &[(usize, u64, usize)],
         timeout: Duration,
     ) -> Result<(), TransportError>;
+}
+
+/// One sleep of `t` beside nothing else: what its `prepare_wait` armed, in one `poll(2)` of at
+/// most `timeout` (a transport that cannot say sleeps 100 µs at most), then `after_wait`.
+/// `fds` is scratch, cleared first.
+pub(crate) fn sleep_prepared<T: Transport + ?Sized>(
+    t: &mut T,
+    fds: &mut Vec<(RawFd, bool)>,
+    timeout: Duration,
+) -> std::io::Result<()> {
+    fds.clear();
+    let slept = match t.prepare_wait(fds) {
+        Readiness::Sleep => crate::poll::poll_fds(fds, timeout),
+        Readiness::Ready => Ok(()),
+        Readiness::Unsupported => {
+            std::thread::sleep(timeout.min(Duration::from_micros(100)));
+            Ok(())
+        }
+    };
+    t.after_wait();
+    slept
 }

@@ -88,54 +88,6 @@ impl Drop for Mesh {
     }
 }
 
-impl Mesh {
-    /// Run `program args` inside namespace `i`.
-    pub fn exec(&self, i: usize, program: &str, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.namespaces[i], program])
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("ip netns exec {program}: {e}"))
-    }
-
-    /// TCP throughput from namespace `from` to namespace `to` in bytes per second, measured
-    /// with a plain Python socket pair sending 256 MiB.
-    pub fn throughput(&self, from: usize, to: usize) -> f64 {
-        let port = 5999;
-        let server = format!(
-            "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{}',{port})); s.listen(1)\nc,_=s.accept()\nwhile c.recv(1<<20): pass",
-            Mesh::address(to)
-        );
-        let mut srv = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.namespaces[to],
-                "python3",
-                "-c",
-                &server,
-            ])
-            .spawn()
-            .expect("python3 server");
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let client = format!(
-            "import socket,time\nc=socket.create_connection(('{}',{port}))\nb=bytes(1<<20)\nt=time.time()\nfor _ in range(256): c.sendall(b)\nc.shutdown(socket.SHUT_WR); c.recv(1)\nprint(256*(1<<20)/(time.time()-t))",
-            Mesh::address(to)
-        );
-        let out = self.exec(from, "python3", &["-c", &client]);
-        let _ = srv.wait();
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| {
-                panic!(
-                    "throughput measurement failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            })
-    }
-}
-
 /// Test "hosts" as a cluster: `hosts` namespaces, each with one veth ("NIC") into a bridge
 /// (the "switch") in a namespace of its own, addresses 10.78.X.(i+1)/24; removed on drop.
 /// With a rate, every host's NIC sends at most that (`tc tbf` on its egress), so each

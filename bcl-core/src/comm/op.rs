@@ -185,10 +185,9 @@ pub(super) fn run<'a>(
     let mut exec = Executor::reusing(begun.plan, shared.world, scratch, shared.clock.now());
     let outcome = drive(shared, transport.as_mut(), &mut exec, &mut bindings, &ctx);
     end(shared, &exec, &outcome);
-    // Links that moved path during the operation (no allocation while there are none).
-    let changes = transport.path_changes();
-    if !changes.is_empty() {
-        shared.health.note_path_changes(&changes);
+    // Links that moved path during the operation: the list is fetched only when it grew.
+    if transport.path_change_count() > shared.health.degraded_count() {
+        shared.health.note_path_changes(&transport.path_changes());
     }
     *exec_scratch = exec.into_scratch();
     outcome

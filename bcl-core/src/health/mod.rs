@@ -355,6 +355,11 @@ impl Health {
         }
     }
 
+    /// How many path changes `note_path_changes` has kept.
+    pub fn degraded_count(&self) -> usize {
+        self.inner.degraded.lock().len()
+    }
+
     /// The lines `note_path_changes` kept, oldest first.
     pub fn degraded_links(&self) -> Vec<String> {
         self.inner.degraded.lock().clone()

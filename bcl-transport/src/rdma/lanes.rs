@@ -161,18 +161,14 @@ impl Transport for RdmaLanes {
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
         let mut fds = Vec::new();
-        let readiness = self.prepare_wait(&mut fds);
-        let slept = match readiness {
-            Readiness::Sleep => crate::poll::poll_fds(&fds, timeout),
-            _ => Ok(()),
-        };
-        self.after_wait();
-        slept.map_err(|source| TransportError::Setup {
-            what: format!(
-                "poll(2) on the completion channels of {}",
-                self.device_label()
-            ),
-            source,
+        crate::transport::sleep_prepared(self, &mut fds, timeout).map_err(|source| {
+            TransportError::Setup {
+                what: format!(
+                    "poll(2) on the completion channels of {}",
+                    self.device_label()
+                ),
+                source,
+            }
         })
     }
 
@@ -208,6 +204,10 @@ impl Transport for RdmaLanes {
 
     fn path_changes(&self) -> Vec<PathChange> {
         self.lanes.iter().flat_map(|l| l.path_changes()).collect()
+    }
+
+    fn path_change_count(&self) -> usize {
+        self.lanes.iter().map(|l| l.path_change_count()).sum()
     }
 
     fn flushed(&self) -> bool {

@@ -173,8 +173,6 @@ struct Peer {
 
 /// A link that moved to tcp: the setup socket carries [`wire::SocketFrame`]s both ways.
 struct Fallback {
-    /// Why (this side's error, or the peer's `Failover` frame).
-    reason: String,
     /// How many of this side's chunks the peer has taken (its `Failover` frame), and whether
     /// the chunks after them, left in the send slots, have been framed again.
     heard: Option<u64>,
@@ -491,7 +489,6 @@ impl RdmaTransport {
         }
         .encode_into(&mut out);
         p.fallback = Some(Fallback {
-            reason: reason.clone(),
             heard: None,
             resent: false,
             out,
@@ -591,16 +588,16 @@ impl RdmaTransport {
     fn nothing_arrived(&self, peer: usize) -> Result<(), TransportError> {
         match self.peers.get(&peer) {
             None => Err(TransportError::UnknownPeer { peer }),
-            Some(p) if p.closed => match &p.fallback {
-                Some(f) => Err(self.link_failed(
+            Some(p) if p.closed && p.fallback.is_some() => {
+                // Why it moved: its entry in `failovers`, with the peer's reason once known.
+                let reason = (self.failovers.iter().rev().find(|c| c.peer == peer))
+                    .map_or("", |c| c.reason.as_str());
+                Err(self.link_failed(
                     peer,
-                    format!(
-                        "moved to tcp after \"{}\", and the tcp path closed too",
-                        f.reason
-                    ),
-                )),
-                None => Err(self.peer_closed(peer)),
-            },
+                    format!("moved to tcp after \"{reason}\", and the tcp path closed too"),
+                ))
+            }
+            Some(p) if p.closed => Err(self.peer_closed(peer)),
             Some(_) => Ok(()),
         }
     }
@@ -1234,18 +1231,14 @@ impl Transport for RdmaTransport {
             std::hint::spin_loop();
         }
         let mut fds = Vec::new();
-        let readiness = self.prepare_wait(&mut fds);
-        let slept = match readiness {
-            Readiness::Sleep => crate::poll::poll_fds(&fds, timeout),
-            _ => Ok(()),
-        };
-        self.after_wait();
-        slept.map_err(|source| TransportError::Setup {
-            what: format!(
-                "poll(2) on the completion channel of {}",
-                self.device.label()
-            ),
-            source,
+        crate::transport::sleep_prepared(self, &mut fds, timeout).map_err(|source| {
+            TransportError::Setup {
+                what: format!(
+                    "poll(2) on the completion channel of {}",
+                    self.device.label()
+                ),
+                source,
+            }
         })
     }
 
@@ -1306,6 +1299,10 @@ impl Transport for RdmaTransport {
 
     fn path_changes(&self) -> Vec<PathChange> {
         self.failovers.clone()
+    }
+
+    fn path_change_count(&self) -> usize {
+        self.failovers.len()
     }
 
     fn peer_lost(&self, peer: usize) -> bool {

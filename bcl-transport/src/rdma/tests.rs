@@ -27,9 +27,14 @@ fn deadline() -> Instant {
 
 /// `n` transports, connected to each other.
 fn connected(n: usize, config: RdmaConfig) -> Vec<RdmaTransport> {
-    let mut ts: Vec<RdmaTransport> = (0..n)
+    let ts: Vec<RdmaTransport> = (0..n)
         .map(|_| RdmaTransport::bind(config.clone()).expect("bind rdma (is this the VM?)"))
         .collect();
+    connect_all(ts)
+}
+
+/// Connect bound transports to each other, rank `i` being `ts[i]`, each on a thread of its own.
+fn connect_all<T: Transport>(mut ts: Vec<T>) -> Vec<T> {
     let addresses: Vec<PeerAddress> = ts.iter().map(|t| t.address().clone()).collect();
     thread::scope(|s| {
         for (rank, t) in ts.iter_mut().enumerate() {
@@ -391,23 +396,13 @@ fn rdma_a_fallen_back_link_whose_socket_closes_is_a_link_failure_naming_both() {
 fn connected_lanes(n: usize) -> Vec<lanes::RdmaLanes> {
     let devices = [Some("rxe0".to_string()), Some("rxe1".to_string())];
     let config = config();
-    let mut ts: Vec<lanes::RdmaLanes> = (0..n)
+    let ts: Vec<lanes::RdmaLanes> = (0..n)
         .map(|_| {
             let bound = lanes::RdmaLanes::bind(config.clone(), &devices, 2);
             bound.expect("bind two lanes (the VM?)")
         })
         .collect();
-    let addresses: Vec<PeerAddress> = ts.iter().map(|t| t.address().clone()).collect();
-    thread::scope(|s| {
-        for (rank, t) in ts.iter_mut().enumerate() {
-            let peers: Vec<(usize, PeerAddress)> = (addresses.iter().enumerate())
-                .filter(|(p, _)| *p != rank)
-                .map(|(p, a)| (p, a.clone()))
-                .collect();
-            s.spawn(move || t.connect(rank, &peers, deadline()).expect("connect"));
-        }
-    });
-    ts
+    connect_all(ts)
 }
 
 #[test]

@@ -116,8 +116,8 @@ pub struct PathChange {
     pub peer: usize,
     /// The path it left: "rdma rxe0 port 1".
     pub from: String,
-    /// The path it is on now: "tcp".
-    pub to: &'static str,
+    /// The path it is on now: "tcp", or another lane's "rdma rxe1 port 1".
+    pub to: String,
     /// What failed, or what the peer said failed on its side.
     pub reason: String,
 }

@@ -2,14 +2,24 @@
 //! [`RdmaTransport`] (its own device, setup socket, QPs, rings, credits and failover), and
 //! every tag bound to one lane (`tag % n`), so the order per tag that the transport contract
 //! promises holds lane by lane while a collective's slices, which carry consecutive tags, go
-//! out over every lane at once. A lane whose QP fails moves to tcp alone; the others stay on
-//! RDMA.
+//! out over every lane at once.
+//!
+//! Failover, lane first: a lane whose QP to a peer fails moves that link to tcp (see the
+//! parent module), sends over tcp what it already held, then seals it: a `Moved` frame names
+//! the lane that carries this side's later messages of those tags, the next one still on RDMA
+//! to that peer (`k+1, k+2, …` round the lanes). A receiver takes a tag's messages from its
+//! own lane until that lane has none left and the peer's `Moved` has come, then from the lane
+//! it names: so the order per tag holds across the move. With no lane left on RDMA the link
+//! stays on tcp. Every move is one path change: "rdma rxe1 port 1 -> rdma rxe0 port 1", or
+//! "-> tcp". A move only ever points at a lane still on RDMA and a lane on tcp never returns,
+//! so the moves of one peer form chains, never a circle.
 //!
 //! The published address lists the lanes' setup addresses, separated by `,`; both ends must
 //! run the same number of lanes (an error naming the peer otherwise).
 
 use super::{RdmaConfig, RdmaTransport};
 use crate::error::TransportError;
+use crate::keys::KeyMap;
 use crate::transport::{
     Capabilities, Landing, PathChange, PeerAddress, Readiness, Received, Tag, Transport,
 };
@@ -24,6 +34,12 @@ pub const MAX_LANES: usize = 8;
 pub struct RdmaLanes {
     pub(super) lanes: Vec<RdmaTransport>,
     address: PeerAddress,
+    /// Each lane's path changes acted on so far, and every change as (lane, index) in the
+    /// order they happened: the list `path_changes` reports only ever grows at its end.
+    seen: Vec<usize>,
+    changes: Vec<(usize, usize)>,
+    /// (peer, lane) -> the lane that carries this side's later messages of that lane's tags.
+    sent_to: KeyMap<(usize, usize), usize>,
 }
 
 impl RdmaLanes {
@@ -61,7 +77,14 @@ impl RdmaLanes {
             transport: "rdma",
             reason: format!("the lanes' addresses: {reason}"),
         })?;
-        Ok(RdmaLanes { lanes, address })
+        let seen = vec![0; lanes.len()];
+        Ok(RdmaLanes {
+            lanes,
+            address,
+            seen,
+            changes: Vec::new(),
+            sent_to: KeyMap::default(),
+        })
     }
 
     /// "rxe0 port 1, rxe1 port 1".
@@ -73,6 +96,72 @@ impl RdmaLanes {
     pub(super) fn lane(&mut self, tag: Tag) -> &mut RdmaTransport {
         let n = self.lanes.len() as u64;
         &mut self.lanes[(tag % n) as usize]
+    }
+
+    /// Act on links that moved to tcp since the last call: seal each towards the next lane
+    /// still on RDMA to that peer. Called after everything that can move a link.
+    fn reroute(&mut self) {
+        let n = self.lanes.len();
+        for k in 0..n {
+            let count = self.lanes[k].path_change_count();
+            while self.seen[k] < count {
+                let index = self.seen[k];
+                self.seen[k] += 1;
+                self.changes.push((k, index));
+                let Some(peer) = self.lanes[k].path_change(index).map(|c| c.peer) else {
+                    continue;
+                };
+                let next = (1..n)
+                    .map(|d| (k + d) % n)
+                    .find(|&j| self.lanes[j].on_rdma(peer));
+                if let Some(j) = next {
+                    let to = self.lanes[j].device_label();
+                    self.lanes[k].seal(peer, j as u8, &to);
+                    self.sent_to.insert((peer, k), j);
+                }
+            }
+        }
+    }
+
+    /// The lane this side's next message to `peer` under `tag` goes over: the tag's own, or
+    /// where its seals lead (a chain: see the module comment).
+    fn send_lane(&self, peer: usize, tag: Tag) -> usize {
+        let n = self.lanes.len();
+        let mut k = (tag % n as u64) as usize;
+        for _ in 0..n {
+            match self.sent_to.get(&(peer, k)) {
+                Some(&j) => k = j,
+                None => break,
+            }
+        }
+        k
+    }
+
+    /// The lane the next message from `peer` under `tag` arrives on: the tag's own until it
+    /// holds none of them and the peer has moved it, then the one the peer named. Err: the
+    /// peer named a lane this host does not run, or its moves go round in a circle.
+    fn recv_lane(&self, peer: usize, tag: Tag) -> Result<usize, TransportError> {
+        let n = self.lanes.len();
+        let mut k = (tag % n as u64) as usize;
+        for _ in 0..n {
+            if self.lanes[k].has_arrived(peer, tag) {
+                return Ok(k);
+            }
+            match self.lanes[k].moved_to(peer).map(usize::from) {
+                None => return Ok(k),
+                Some(j) if j < n && j != k => k = j,
+                Some(j) => return Err(self.bad_move(peer, format!("lane {k} to lane {j} of {n}"))),
+            }
+        }
+        Err(self.bad_move(peer, format!("its lanes round in a circle (tag {tag})")))
+    }
+
+    fn bad_move(&self, peer: usize, what: String) -> TransportError {
+        TransportError::Protocol {
+            peer,
+            addr: self.device_label(),
+            reason: format!("rank {peer} moved {what}"),
+        }
     }
 }
 
@@ -122,11 +211,16 @@ impl Transport for RdmaLanes {
     }
 
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
-        self.lane(tag).try_send(peer, tag, data)
+        self.reroute();
+        let k = self.send_lane(peer, tag);
+        let sent = self.lanes[k].try_send(peer, tag, data);
+        self.reroute();
+        sent
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
-        self.lane(tag).try_recv(peer, tag)
+        let k = self.recv_lane(peer, tag)?;
+        self.lanes[k].try_recv(peer, tag)
     }
 
     fn try_recv_with(
@@ -135,7 +229,8 @@ impl Transport for RdmaLanes {
         tag: Tag,
         consume: &mut dyn FnMut(&[u8], Option<Duration>),
     ) -> Result<bool, TransportError> {
-        self.lane(tag).try_recv_with(peer, tag, consume)
+        let k = self.recv_lane(peer, tag)?;
+        self.lanes[k].try_recv_with(peer, tag, consume)
     }
 
     fn try_recv_into(
@@ -144,7 +239,8 @@ impl Transport for RdmaLanes {
         tag: Tag,
         dest: &mut [u8],
     ) -> Result<Landing, TransportError> {
-        self.lane(tag).try_recv_into(peer, tag, dest)
+        let k = self.recv_lane(peer, tag)?;
+        self.lanes[k].try_recv_into(peer, tag, dest)
     }
 
     fn release(&mut self, message: Received) {
@@ -153,10 +249,18 @@ impl Transport for RdmaLanes {
 
     fn progress(&mut self) -> Result<bool, TransportError> {
         let mut moved = false;
+        let mut result = Ok(());
         for lane in &mut self.lanes {
-            moved |= lane.progress()?;
+            match lane.progress() {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
-        Ok(moved)
+        self.reroute();
+        result.map(|()| moved)
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<(), TransportError> {
@@ -187,6 +291,7 @@ impl Transport for RdmaLanes {
         for lane in &mut self.lanes {
             lane.after_wait();
         }
+        self.reroute();
     }
 
     /// A peer refused on any lane goes over tcp altogether (both ends refuse a lane alike).
@@ -203,11 +308,13 @@ impl Transport for RdmaLanes {
     }
 
     fn path_changes(&self) -> Vec<PathChange> {
-        self.lanes.iter().flat_map(|l| l.path_changes()).collect()
+        (self.changes.iter())
+            .filter_map(|&(k, i)| self.lanes[k].path_change(i).cloned())
+            .collect()
     }
 
     fn path_change_count(&self) -> usize {
-        self.lanes.iter().map(|l| l.path_change_count()).sum()
+        self.changes.len()
     }
 
     fn flushed(&self) -> bool {

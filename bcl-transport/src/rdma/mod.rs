@@ -25,6 +25,8 @@
 //! slots (a slot is reused only after its credit), the rest are queued. So nothing is lost or
 //! taken twice, and a message half over RDMA, half over tcp is assembled as one. A peer that
 //! the socket cannot reach either is a link failure. The link stays on tcp (no move back).
+//! With several lanes per peer ([`lanes`]), what the link held still goes over tcp, then a
+//! `Moved` frame, and the later messages take another lane still on RDMA (see `lanes`).
 
 mod connect;
 pub mod lanes;
@@ -182,6 +184,12 @@ struct Fallback {
     written: usize,
     /// Bytes read and not yet a whole frame.
     input: Vec<u8>,
+    /// The lane this side's later messages to the peer go over (set by `RdmaLanes`), and
+    /// whether the `Moved` frame saying so is framed: after every chunk queued before it.
+    seal: Option<u8>,
+    sealed: bool,
+    /// The lane the peer's `Moved` frame named: it sends nothing more here.
+    moved_to: Option<u8>,
 }
 
 /// Framed bytes a fallen-back peer may hold unwritten before `pump` stops framing more.
@@ -270,6 +278,43 @@ impl RdmaTransport {
     /// "rxe0 port 1".
     pub fn device_label(&self) -> String {
         self.device.label()
+    }
+
+    /// Whether the link to `peer` is connected, open and still on RDMA.
+    pub(super) fn on_rdma(&self, peer: usize) -> bool {
+        (self.peers.get(&peer)).is_some_and(|p| !p.closed && p.fallback.is_none())
+    }
+
+    /// The link to `peer`, moved to tcp, takes no more messages: once what it holds is sent,
+    /// it tells the peer that the later ones go over lane `lane` (`to`: that lane's device),
+    /// and its path change says so. Ignored for a link that has not moved or is sealed.
+    pub(super) fn seal(&mut self, peer: usize, lane: u8, to: &str) {
+        let Some(f) = self.peers.get_mut(&peer).and_then(|p| p.fallback.as_mut()) else {
+            return;
+        };
+        if f.seal.is_some() {
+            return;
+        }
+        f.seal = Some(lane);
+        if let Some(entry) = self.failovers.iter_mut().rev().find(|e| e.peer == peer) {
+            entry.to = format!("rdma {to}");
+        }
+    }
+
+    /// The lane the peer said its later messages go over (its `Moved` frame), once every
+    /// message it sent over this link has arrived.
+    pub(super) fn moved_to(&self, peer: usize) -> Option<u8> {
+        (self.peers.get(&peer)).and_then(|p| p.fallback.as_ref()?.moved_to)
+    }
+
+    /// Whether a message from `peer` under `tag` waits to be taken.
+    pub(super) fn has_arrived(&self, peer: usize, tag: Tag) -> bool {
+        self.inbox.contains_key(&(peer, tag))
+    }
+
+    /// The `index`th path change, oldest first.
+    pub(super) fn path_change(&self, index: usize) -> Option<&PathChange> {
+        self.failovers.get(index)
     }
 
     fn link_failed(&self, peer: usize, what: String) -> TransportError {
@@ -494,11 +539,14 @@ impl RdmaTransport {
             out,
             written: 0,
             input: Vec::new(),
+            seal: None,
+            sealed: false,
+            moved_to: None,
         });
         self.failovers.push(PathChange {
             peer,
             from: format!("rdma {device}"),
-            to: "tcp",
+            to: "tcp".to_string(),
             reason,
         });
     }
@@ -912,7 +960,20 @@ fn fallback_round(
                 f.heard = Some(received);
                 peer_reason = Some(reason);
             }
+            SocketFrame::Moved { lane } => {
+                if f.heard.is_none() || f.moved_to.is_some() {
+                    return Err(format!(
+                        "a moved frame (to lane {lane}) before its failover frame or after another"
+                    ));
+                }
+                f.moved_to = Some(lane);
+            }
             SocketFrame::Chunk { seq, slot } => {
+                if let Some(lane) = f.moved_to {
+                    return Err(format!(
+                        "chunk {seq} arrived over tcp after the peer said it moved to lane {lane}"
+                    ));
+                }
                 if f.heard.is_none() || seq != p.received {
                     return Err(format!(
                         "chunk {seq} arrived over tcp where chunk {} was next",
@@ -984,6 +1045,16 @@ fn fallback_round(
         } else if pool.len() < POOL_LIMIT {
             pool.push(front.data);
         }
+    }
+    // Sealed: once the queue is framed, the peer learns where the later messages go.
+    if let Some(lane) = f.seal
+        && f.resent
+        && !f.sealed
+        && p.outgoing.is_empty()
+    {
+        SocketFrame::Moved { lane }.encode_into(&mut f.out);
+        f.sealed = true;
+        moved = true;
     }
     while f.written < f.out.len() && !p.closed {
         match p.socket.write(&f.out[f.written..]) {
@@ -1078,12 +1149,18 @@ impl Transport for RdmaTransport {
         let limit = self.config.max_queued_per_peer;
         let geometry = self.config.geometry();
         let (payload, slots, _) = geometry;
-        let closed = match self.peers.get(&peer) {
+        let (closed, seal) = match self.peers.get(&peer) {
             None => return Err(TransportError::UnknownPeer { peer }),
-            Some(p) => p.closed,
+            Some(p) => (p.closed, p.fallback.as_ref().and_then(|f| f.seal)),
         };
         if closed {
             return Err(self.peer_closed(peer));
+        }
+        if let Some(lane) = seal {
+            return Err(self.link_failed(
+                peer,
+                format!("this link is sealed: messages to rank {peer} go over lane {lane}"),
+            ));
         }
         if data.len() > max {
             return Err(TransportError::TooLarge {
@@ -1258,6 +1335,7 @@ impl Transport for RdmaTransport {
             p.fallback.as_ref().is_some_and(|f| {
                 (f.heard.is_some() && !f.resent)
                     || (f.resent && !p.outgoing.is_empty() && f.out.len() < FALLBACK_OUT_LIMIT)
+                    || (f.resent && p.outgoing.is_empty() && f.seal.is_some() && !f.sealed)
             })
         };
         if self.peers.values().any(|p| !p.closed && framing(p)) {
@@ -1287,9 +1365,9 @@ impl Transport for RdmaTransport {
         self.peers.values().all(|p| {
             p.closed
                 || (p.outgoing.is_empty()
-                    && p.fallback
-                        .as_ref()
-                        .is_none_or(|f| f.resent && f.out.is_empty()))
+                    && p.fallback.as_ref().is_none_or(|f| {
+                        f.resent && f.out.is_empty() && (f.seal.is_none() || f.sealed)
+                    }))
         })
     }
 
@@ -1322,7 +1400,12 @@ impl Drop for RdmaTransport {
             t.peers.values().any(|p| {
                 !p.closed
                     && match &p.fallback {
-                        Some(f) => !p.outgoing.is_empty() || !f.resent || !f.out.is_empty(),
+                        Some(f) => {
+                            !p.outgoing.is_empty()
+                                || !f.resent
+                                || !f.out.is_empty()
+                                || (f.seal.is_some() && !f.sealed)
+                        }
                         None => {
                             !p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0
                         }

@@ -324,7 +324,7 @@ fn rdma_a_bad_remote_key_moves_the_link_to_tcp_and_nothing_is_lost_or_doubled() 
     });
     let moved = ts[0].path_changes();
     assert_eq!(moved.len(), 1, "{moved:?}");
-    assert_eq!((moved[0].peer, moved[0].to), (1, "tcp"));
+    assert_eq!((moved[0].peer, moved[0].to.as_str()), (1, "tcp"));
     assert!(
         moved[0].from.starts_with("rdma ") && moved[0].from.contains("port 1"),
         "{moved:?}"
@@ -335,7 +335,7 @@ fn rdma_a_bad_remote_key_moves_the_link_to_tcp_and_nothing_is_lost_or_doubled() 
     );
     let other = ts[1].path_changes();
     assert_eq!(other.len(), 1, "{other:?}");
-    assert_eq!((other[0].peer, other[0].to), (0, "tcp"));
+    assert_eq!((other[0].peer, other[0].to.as_str()), (0, "tcp"));
     // Both links carry on over the socket: the fallback framed every chunk after the fault.
     assert!(
         ts.iter()
@@ -407,10 +407,11 @@ fn connected_lanes(n: usize) -> Vec<lanes::RdmaLanes> {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
-fn rdma_two_lanes_on_two_devices_carry_both_tags_and_one_failing_lane_moves_alone() {
+fn rdma_two_lanes_a_failing_lane_moves_to_the_other_lane_then_both_to_tcp() {
     let mut ts = connected_lanes(2);
     assert_eq!(ts[0].device_label(), "rxe0 port 1, rxe1 port 1");
-    // Tag 1 rides lane 1 (rxe1): its QP to rank 1 fails; tag 0 stays on rxe0.
+    // Tag 1 rides lane 1 (rxe1): its QP to rank 1 fails with messages of both tags in flight;
+    // what lane 1 held goes over its tcp path, the later tag-1 messages over lane 0 (rxe0).
     exchange_through_a_fault(&mut ts, 200, 10, |ts| {
         let lane = ts[0].lane(1);
         let p = lane.peers.get_mut(&1).expect("peer");
@@ -419,10 +420,39 @@ fn rdma_two_lanes_on_two_devices_carry_both_tags_and_one_failing_lane_moves_alon
     for (rank, t) in ts.iter().enumerate() {
         let moved = t.path_changes();
         assert_eq!(moved.len(), 1, "rank {rank}: {moved:?}");
-        assert!(moved[0].from.contains("rxe1"), "rank {rank}: {moved:?}");
+        assert_eq!(
+            (moved[0].from.as_str(), moved[0].to.as_str()),
+            ("rdma rxe1 port 1", "rdma rxe0 port 1"),
+            "rank {rank}"
+        );
+        let peer = 1 - rank;
+        assert!(t.lanes[0].on_rdma(peer), "rank {rank}: lane 0 left rdma");
+        assert_eq!(t.lanes[1].moved_to(peer), Some(0), "rank {rank}");
     }
-    assert!(ts[0].lanes[0].peers[&1].fallback.is_none());
-    assert!(ts[0].lanes[1].peers[&1].fallback.is_some());
+    // From here on lane 1 carries nothing: every message of a second exchange takes lane 0,
+    // whose QP then fails too, and with no lane left on RDMA both move to tcp.
+    let lane_1_sent: Vec<u64> = (0..2)
+        .map(|r| ts[r].lanes[1].peers[&(1 - r)].posted)
+        .collect();
+    exchange_through_a_fault(&mut ts, 200, 10, |ts| {
+        let p = ts[0].lanes[0].peers.get_mut(&1).expect("peer");
+        p.bad_rkey_at = Some(p.posted + 1);
+    });
+    for (rank, t) in ts.iter().enumerate() {
+        let peer = 1 - rank;
+        assert_eq!(
+            t.lanes[1].peers[&peer].posted, lane_1_sent[rank],
+            "rank {rank}"
+        );
+        let moved = t.path_changes();
+        assert_eq!(moved.len(), 2, "rank {rank}: {moved:?}");
+        assert_eq!(
+            (moved[1].from.as_str(), moved[1].to.as_str()),
+            ("rdma rxe0 port 1", "tcp"),
+            "rank {rank}"
+        );
+        assert!(!t.lanes[0].on_rdma(peer) && t.lanes[0].moved_to(peer).is_none());
+    }
 }
 
 #[test]

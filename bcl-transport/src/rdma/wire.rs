@@ -173,15 +173,27 @@ impl Immediate {
 
 /// What the setup socket carries once a link has moved to tcp (see `fallback`): first each
 /// side's `Failover` (how many of the peer's chunks it has taken, and why it moved), then the
-/// peer's chunks from that number on, each as it would lie in a slot (header and bytes).
+/// peer's chunks from that number on, each as it would lie in a slot (header and bytes), and,
+/// where the sender found another lane to the peer still on RDMA, `Moved` after its last chunk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SocketFrame {
-    Failover { received: u64, reason: String },
-    Chunk { seq: u64, slot: Vec<u8> },
+    Failover {
+        received: u64,
+        reason: String,
+    },
+    Chunk {
+        seq: u64,
+        slot: Vec<u8>,
+    },
+    /// The sender sends nothing more over this link: its later messages go over lane `lane`.
+    Moved {
+        lane: u8,
+    },
 }
 
 const FRAME_FAILOVER: u8 = 1;
 const FRAME_CHUNK: u8 = 2;
+const FRAME_MOVED: u8 = 3;
 /// The longest reason a `Failover` frame carries.
 pub const MAX_REASON: usize = 1024;
 
@@ -202,6 +214,7 @@ impl SocketFrame {
                 out.extend_from_slice(reason);
             }
             SocketFrame::Chunk { seq, slot } => encode_chunk(out, *seq, &[slot]),
+            SocketFrame::Moved { lane } => out.extend_from_slice(&[FRAME_MOVED, *lane]),
         }
     }
 
@@ -256,6 +269,7 @@ impl SocketFrame {
                     13 + len,
                 )))
             }
+            FRAME_MOVED => Ok(bytes.get(1).map(|&lane| (SocketFrame::Moved { lane }, 2))),
             other => Err(format!(
                 "a frame of unknown kind {other} on the rdma setup socket"
             )),
@@ -331,6 +345,7 @@ mod tests {
                 seq: 7,
                 slot: (0..SLOT_HEADER as u8 + 5).collect(),
             },
+            SocketFrame::Moved { lane: 3 },
         ];
         let whole = |b: &[u8]| {
             SocketFrame::decode(b, 64)
@@ -352,8 +367,10 @@ mod tests {
         }
         let (a, n) = whole(&bytes);
         let (b, m) = whole(&bytes[n..]);
-        assert_eq!([a, b], frames);
-        assert_eq!(n + m, bytes.len());
+        let (c, l) = whole(&bytes[n + m..]);
+        assert_eq!([a, b, c], frames);
+        assert_eq!(n + m + l, bytes.len());
+        assert_eq!(SocketFrame::decode(&bytes[n + m..n + m + 1], 64), Ok(None));
         // A chunk larger than a slot, one shorter than a header, an unknown kind.
         assert!(
             SocketFrame::decode(&bytes[n..], 20)

@@ -112,21 +112,21 @@ impl Drop for Restore {
     }
 }
 
-#[test]
-#[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
-fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_is_exact() {
-    // rxe0 sits on dummy0 (scripts/rdma-vm.sh); the setup sockets, which carry a link once it
-    // moves, are on loopback.
-    const NETDEV: &str = "dummy0";
-    let _restore = Restore(NETDEV);
-    let world = 4;
-    let comms = Communicator::init_threads_with(world, rdma_config).expect("init over rdma");
+/// `world` ranks allreduce 1 MiB of f32 30 times; before iteration `at` of each `(at, netdev)`
+/// in `downs`, rank 0 takes `netdev` down (a barrier first, so every rank is between
+/// iterations). Every result is checked exactly. Returns the communicators and, per rank, the
+/// time of the allreduce begun right after the first netdev went down and the slowest of the
+/// others after the first iteration.
+fn allreduce_while_netdevs_go_down(
+    world: usize,
+    config: fn(usize) -> CommConfig,
+    downs: &[(usize, &str)],
+) -> (Vec<Communicator>, Vec<(Duration, Duration)>) {
+    let comms = Communicator::init_threads_with(world, config).expect("init over rdma");
     let count = 1 << 18; // 1 MiB of f32: several chunks per step
-    let down_after = 5;
     let iterations = 30;
+    let first_down = downs.first().map_or(usize::MAX, |d| d.0);
     let barrier = std::sync::Barrier::new(world);
-    // Per rank: the allreduce in flight when the link went down (the first after it), and
-    // the slowest of the others.
     let times: Vec<(Duration, Duration)> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .iter()
@@ -136,10 +136,10 @@ fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_i
                     let r = c.rank();
                     let (mut at_fault, mut slowest) = (Duration::ZERO, Duration::ZERO);
                     for it in 0..iterations {
-                        if it == down_after {
+                        for (_, netdev) in downs.iter().filter(|d| d.0 == it) {
                             barrier.wait();
                             if r == 0 {
-                                set_link(NETDEV, "down");
+                                set_link(netdev, "down");
                             }
                         }
                         // Integers below 2^24: the sum is exact in f32 in any order.
@@ -149,7 +149,7 @@ fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_i
                         c.all_reduce_in_place(&mut x, ReduceOp::Sum)
                             .unwrap_or_else(|e| panic!("rank {r} iteration {it}: {e}"));
                         let took = started.elapsed();
-                        if it == down_after {
+                        if it == first_down {
                             at_fault = took;
                         } else if it > 0 {
                             slowest = slowest.max(took);
@@ -169,25 +169,77 @@ fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_i
             .map(|h| h.join().expect("rank"))
             .collect()
     });
+    (comms, times)
+}
+
+/// Each rank's degraded-link lines: every one names the rank, and matches one of `moves`;
+/// the health report lists the same, and no fault was raised.
+fn degraded_lines_only(c: &Communicator, moves: &[&str]) -> Vec<String> {
+    let lines = c.degraded_links();
+    assert!(!lines.is_empty(), "rank {}: no degraded link", c.rank());
+    for line in &lines {
+        assert!(
+            line.starts_with(&format!("degraded link rank {} <-> rank ", c.rank()))
+                && moves.iter().any(|m| line.contains(m)),
+            "{line}"
+        );
+    }
+    let report = c.health_report();
+    assert_eq!(report["degraded_links"], serde_json::json!(lines));
+    assert!(report["verdict"].is_null(), "{report}");
+    assert!(c.async_error().is_none(), "{:?}", c.async_error());
+    lines
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+fn rdma_the_netdev_going_down_mid_loop_moves_the_links_to_tcp_and_every_result_is_exact() {
+    // rxe0 sits on dummy0 (scripts/rdma-vm.sh); the setup sockets, which carry a link once it
+    // moves, are on loopback.
+    const NETDEV: &str = "dummy0";
+    let _restore = Restore(NETDEV);
+    let (comms, times) = allreduce_while_netdevs_go_down(4, rdma_config, &[(5, NETDEV)]);
     eprintln!(
         "per rank, the allreduce in flight as {NETDEV} went down, and the slowest other after the first: {times:?}"
     );
     eprintln!("rank 0: {:?}", comms[0].degraded_links());
     // Every ring link moved: each rank names at least its ring neighbours' links, with the
-    // device it left and tcp; the health report says the same, and no fault was raised.
+    // device it left and tcp.
     for c in &comms {
-        let lines = c.degraded_links();
-        assert!(!lines.is_empty(), "rank {}: no degraded link", c.rank());
-        for line in &lines {
-            assert!(
-                line.starts_with(&format!("degraded link rank {} <-> rank ", c.rank()))
-                    && line.contains("rdma rxe0 port 1 -> tcp after: "),
-                "{line}"
-            );
+        degraded_lines_only(c, &["rdma rxe0 port 1 -> tcp after: "]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm-test.sh runs it in the Soft-RoCE VM"]
+fn rdma_two_lanes_one_netdev_down_moves_to_the_other_lane_and_both_down_to_tcp() {
+    // Lane 0 on rxe0 (dummy0), lane 1 on rxe1 (dummy1). dummy1 going down moves every lane-1
+    // link to lane 0, still RDMA; dummy0 going down later leaves no RDMA lane: tcp.
+    let _restore = [Restore("dummy1"), Restore("dummy0")];
+    fn two_lanes(rank: usize) -> CommConfig {
+        CommConfig {
+            rdma_device: Some("rxe0,rxe1".into()),
+            rdma_qps: 2,
+            ..rdma_config(rank)
         }
-        let report = c.health_report();
-        assert_eq!(report["degraded_links"], serde_json::json!(lines));
-        assert!(report["verdict"].is_null(), "{report}");
-        assert!(c.async_error().is_none(), "{:?}", c.async_error());
+    }
+    let to_lane_0 = "rdma rxe1 port 1 -> rdma rxe0 port 1 after: ";
+    let to_tcp = "rdma rxe0 port 1 -> tcp after: ";
+    let (comms, times) =
+        allreduce_while_netdevs_go_down(4, two_lanes, &[(5, "dummy1"), (15, "dummy0")]);
+    eprintln!(
+        "per rank, the allreduce in flight as dummy1 went down, and the slowest other after the first: {times:?}"
+    );
+    eprintln!("rank 0: {:?}", comms[0].degraded_links());
+    for c in &comms {
+        let lines = degraded_lines_only(c, &[to_lane_0, to_tcp]);
+        // Per peer, the move to lane 0 comes before the move to tcp, and every rank made both.
+        let position = |m: &str| lines.iter().position(|l| l.contains(m));
+        let (first, last) = (position(to_lane_0), position(to_tcp));
+        assert!(
+            first.is_some() && last.is_some() && first < last,
+            "rank {}: {lines:?}",
+            c.rank()
+        );
     }
 }

@@ -6,7 +6,8 @@
 #      conformance suite over rdma × cpu and rdma × cpu+sim at 2 and 4 ranks, the communicator
 #      tests, a killed rank's survivors shrinking over rdma, auto falling back to tcp when a rank's rdma device cannot be opened, auto
 #      choosing rdma between two "hosts" (network namespaces joined by a veth pair; ranks started as a launcher would, every dtype and op checked), a
-#      bcl-bench run whose links move to tcp when rxe0's netdev goes down mid-sweep, and one
+#      bcl-bench run whose links move to tcp when rxe0's netdev goes down mid-sweep, the same
+#      over two lanes (rxe1's netdev down first: lane 1 moves to rxe0, then to tcp), and one
 #      short checked bcl-bench run over rdma;
 #   3. with --bench (or --bench-only, the sweep alone): bcl-bench sweeps over rdma between raw
 #      verbs figures on the same device (ib_write_bw one-way, bidirectional, 4 pairs at once),
@@ -126,6 +127,17 @@ if [ "$mode" != "--bench-only" ]; then
   grep -q "Out of bounds values : 0 OK" \$o/failover.txt && grep -q "Failovers of rank 0: [1-9]" \$o/failover.txt ||
     { cat \$o/failover.txt; echo "no failover to tcp reported, or wrong results"; exit 1; }
   grep -A2 "Failovers of rank" \$o/failover.txt
+  stage "the same over two lanes (rxe0, rxe1): dummy1 down moves lane 1 to rxe0, dummy0 down then moves both to tcp"
+  ( for _ in \$(seq 300); do grep -q "Links of rank" \$o/failover-lanes.txt 2>/dev/null && break; sleep 0.2; done
+    sleep 1; ip link set dummy1 down; sleep 1; ip link set dummy0 down ) &
+  BCL_RDMA_QPS=2 BCL_RDMA_DEVICE=rxe0,rxe1 \$bench allreduce --nranks 2 --transport rdma -b 1M -e 1M -n 300 -w 1 > \$o/failover-lanes.txt 2>&1 ||
+    { ip link set dummy1 up; ip link set dummy0 up; cat \$o/failover-lanes.txt; echo "bcl-bench over two lanes failed when the links went down"; exit 1; }
+  wait; ip link set dummy1 up; ip link set dummy0 up
+  grep -q "Out of bounds values : 0 OK" \$o/failover-lanes.txt &&
+    grep -q "^#  *degraded link rank 0 <-> rank 1 .*: rdma rxe1 port 1 -> rdma rxe0 port 1 after: " \$o/failover-lanes.txt &&
+    grep -q "^#  *degraded link rank 0 <-> rank 1 .*: rdma rxe0 port 1 -> tcp after: " \$o/failover-lanes.txt ||
+    { cat \$o/failover-lanes.txt; echo "no move to the other lane and then to tcp reported, or wrong results"; exit 1; }
+  grep -A2 "Failovers of rank" \$o/failover-lanes.txt
 fi
 if [ -z "$mode" ]; then
   stage "bcl-bench over rdma, 2 and 4 ranks, checked (the sweep: scripts/rdma-vm-test.sh --bench)"

@@ -9,7 +9,9 @@
 #                                         # at the same path inside the guest (default target/rdma-vm/out)
 #
 # Inside the guest: device rxe0 on dummy0 (10.251.0.1/24) and rxe1 on dummy1 (10.251.1.1/24),
-# GID index 1 = the IPv4-mapped GID.
+# GID index 1 = the IPv4-mapped GID. Two guests joined by a virtual wire (scripts/rdma-two-vms.sh):
+# BCL_RDMA_VM_WIRE=listen=:PORT or connect=127.0.0.1:PORT and BCL_RDMA_VM_IP=10.253.0.N give the
+# guest a virtio NIC eth0 on a qemu socket netdev, with that address and rxe2 on it.
 # BCL_RDMA_VM=1 is set there so tests know the device must exist.
 set -euo pipefail
 
@@ -105,16 +107,26 @@ ip link add dummy1 type dummy
 ip addr add 10.251.1.1/24 dev dummy1
 ip link set dummy1 up
 rdma link add rxe1 type rxe netdev dummy1 || { echo "rdma-vm: rdma link add rxe1 failed"; exit 97; }
+if [ -n "${BCL_RDMA_VM_IP:-}" ]; then
+  ip addr add ${BCL_RDMA_VM_IP:-}/24 dev eth0 && ip link set eth0 up &&
+    rdma link add rxe2 type rxe netdev eth0 || { echo "rdma-vm: rxe2 on eth0 failed"; exit 97; }
+fi
 cd "$repo"
 bash -c $(printf '%q' "$cmd")
 GUEST
   local log="$out/console.log"
   local smp=${BCL_RDMA_VM_CPUS:-$(nproc)}
+  local nic=(-nic none)
+  if [ -n "${BCL_RDMA_VM_WIRE:-}" ]; then
+    local last=${BCL_RDMA_VM_IP##*.}
+    nic=(-netdev "socket,id=wire,$BCL_RDMA_VM_WIRE"
+      -device "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:$(printf %02x "$last")")
+  fi
   timeout "${BCL_RDMA_VM_TIMEOUT:-1200}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
     -m "${BCL_RDMA_VM_MEMORY:-3072}" -smp "$smp" \
     -kernel "$work/kernel/boot/vmlinuz-$kernel_version" -initrd "$work/initrd.cpio.gz" \
     -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init bcl_out=$out" \
-    -nographic -no-reboot -nic none \
+    -nographic -no-reboot "${nic[@]}" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$out,mount_tag=out,security_model=none,multidevs=remap" \
     < /dev/null 2>&1 | tee "$log" | sed -u 's/\r$//' || true

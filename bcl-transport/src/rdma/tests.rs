@@ -456,6 +456,45 @@ fn rdma_two_lanes_a_failing_lane_moves_to_the_other_lane_then_both_to_tcp() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: scripts/rdma-vm.sh runs it in the Soft-RoCE VM"]
+fn rdma_a_peer_that_moves_a_lane_to_one_this_host_does_not_run_is_named() {
+    let mut ts = connected_lanes(2);
+    // Rank 0's lane 1 fails (driven alone, so the lanes do not seal it themselves), then is
+    // sealed towards a lane 9 that neither host runs.
+    {
+        let lane = &mut ts[0].lanes[1];
+        let p = lane.peers.get_mut(&1).expect("peer");
+        p.bad_rkey_at = Some(p.posted);
+        assert!(lane.try_send(1, 1, b"before the move").expect("send"));
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while ts[0].lanes[1].path_change_count() == 0 {
+        assert!(Instant::now() < until, "lane 1 never failed over");
+        ts[0].lanes[1].progress().expect("progress");
+        ts[1].progress().expect("progress");
+    }
+    ts[0].lanes[1].seal(1, 9, "nowhere");
+    // The message sent before the move arrives; the one after cannot be looked for.
+    let mut got = None;
+    let e = loop {
+        assert!(Instant::now() < until, "no error in 20 s (got {got:?})");
+        ts[0].lanes[1].progress().expect("progress");
+        ts[1].progress().expect("progress");
+        match ts[1].try_recv(0, 1) {
+            Ok(Some(m)) => got = Some(m.data),
+            Ok(None) => {}
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got.as_deref(), Some(&b"before the move"[..]));
+    assert!(
+        matches!(e, TransportError::Protocol { peer: 0, .. })
+            && e.to_string().contains("rank 0 moved lane 1 to lane 9 of 2"),
+        "{e}"
+    );
+}
+
+#[test]
 fn lanes_outside_one_to_eight_are_refused() {
     for n in [0, lanes::MAX_LANES + 1] {
         let e = lanes::RdmaLanes::bind(config(), &[], n).expect_err("out of range");

@@ -99,7 +99,8 @@ impl RdmaLanes {
     }
 
     /// Act on links that moved to tcp since the last call: seal each towards the next lane
-    /// still on RDMA to that peer. Called after everything that can move a link.
+    /// still on RDMA to that peer. Called at the end of every method that can move a link
+    /// (`try_send`, `progress`, `after_wait`), so no other method sees one unsealed.
     fn reroute(&mut self) {
         let n = self.lanes.len();
         for k in 0..n {
@@ -143,6 +144,10 @@ impl RdmaLanes {
     fn recv_lane(&self, peer: usize, tag: Tag) -> Result<usize, TransportError> {
         let n = self.lanes.len();
         let mut k = (tag % n as u64) as usize;
+        // A peer's `Moved` is read only on a link this side has moved too (a change here).
+        if self.changes.is_empty() {
+            return Ok(k);
+        }
         for _ in 0..n {
             if self.lanes[k].has_arrived(peer, tag) {
                 return Ok(k);
@@ -211,7 +216,6 @@ impl Transport for RdmaLanes {
     }
 
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError> {
-        self.reroute();
         let k = self.send_lane(peer, tag);
         let sent = self.lanes[k].try_send(peer, tag, data);
         self.reroute();

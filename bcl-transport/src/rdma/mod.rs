@@ -25,8 +25,8 @@
 //! slots (a slot is reused only after its credit), the rest are queued. So nothing is lost or
 //! taken twice, and a message half over RDMA, half over tcp is assembled as one. A peer that
 //! the socket cannot reach either is a link failure. The link stays on tcp (no move back).
-//! With several lanes per peer ([`lanes`]), what the link held still goes over tcp, then a
-//! `Moved` frame, and the later messages take another lane still on RDMA (see `lanes`).
+//! With several lanes per peer, what the link held still goes over tcp, then a `Moved`
+//! frame, and the later messages take another lane still on RDMA (see [`lanes`]).
 
 mod connect;
 pub mod lanes;
@@ -190,6 +190,13 @@ struct Fallback {
     sealed: bool,
     /// The lane the peer's `Moved` frame named: it sends nothing more here.
     moved_to: Option<u8>,
+}
+
+impl Fallback {
+    /// Sealed, and the `Moved` frame saying so not yet framed.
+    fn seal_unframed(&self) -> bool {
+        self.seal.is_some() && !self.sealed
+    }
 }
 
 /// Framed bytes a fallen-back peer may hold unwritten before `pump` stops framing more.
@@ -1048,8 +1055,8 @@ fn fallback_round(
     }
     // Sealed: once the queue is framed, the peer learns where the later messages go.
     if let Some(lane) = f.seal
+        && f.seal_unframed()
         && f.resent
-        && !f.sealed
         && p.outgoing.is_empty()
     {
         SocketFrame::Moved { lane }.encode_into(&mut f.out);
@@ -1335,7 +1342,7 @@ impl Transport for RdmaTransport {
             p.fallback.as_ref().is_some_and(|f| {
                 (f.heard.is_some() && !f.resent)
                     || (f.resent && !p.outgoing.is_empty() && f.out.len() < FALLBACK_OUT_LIMIT)
-                    || (f.resent && p.outgoing.is_empty() && f.seal.is_some() && !f.sealed)
+                    || (f.resent && p.outgoing.is_empty() && f.seal_unframed())
             })
         };
         if self.peers.values().any(|p| !p.closed && framing(p)) {
@@ -1365,9 +1372,9 @@ impl Transport for RdmaTransport {
         self.peers.values().all(|p| {
             p.closed
                 || (p.outgoing.is_empty()
-                    && p.fallback.as_ref().is_none_or(|f| {
-                        f.resent && f.out.is_empty() && (f.seal.is_none() || f.sealed)
-                    }))
+                    && p.fallback
+                        .as_ref()
+                        .is_none_or(|f| f.resent && f.out.is_empty() && !f.seal_unframed()))
         })
     }
 
@@ -1404,7 +1411,7 @@ impl Drop for RdmaTransport {
                             !p.outgoing.is_empty()
                                 || !f.resent
                                 || !f.out.is_empty()
-                                || (f.seal.is_some() && !f.sealed)
+                                || f.seal_unframed()
                         }
                         None => {
                             !p.outgoing.is_empty() || p.send_done < p.posted || p.credit_writes > 0

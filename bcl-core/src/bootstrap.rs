@@ -1,13 +1,72 @@
-//! Rendezvous: every rank publishes its [`RankInfo`] in the store and reads everyone else's,
+//! Rendezvous: every rank publishes its [`RankInfo`] in the store and learns everyone else's,
 //! within the init deadline; a rank that never arrives is named.
+//!
+//! The store is served by one process (rank 0's for the tcp store), so what matters at scale
+//! is how many requests it answers. Reading every rank's key from every rank ([`Exchange::Star`],
+//! the first design) costs it `N + N²` requests: 10⁸ at 10k ranks. [`Exchange::Tree`] gathers
+//! the records up a `FANOUT`-ary tree of ranks (each rank reads its children's subtree keys
+//! and publishes its own subtree's records), and rank 0 publishes the whole table once, in
+//! chunks; every other rank reads the chunks: about `4N` requests in all. The bytes the store
+//! sends stay `N²` records (each rank needs every record: it connects to every peer), so past
+//! about 10k ranks the store's bandwidth, not its request rate, bounds a rendezvous
+//! (docs/scale.md, `bcl-sim control`).
 
 use crate::error::{Error, Result};
 use crate::peers::RankInfo;
 use bcl_transport::store::{Store, StoreError};
 use std::time::Instant;
 
+/// Children per rank in the gathering tree: 10k ranks are 4 levels deep.
+pub const FANOUT: usize = 16;
+/// Records per table key: a chunk stays far below the tcp store's 16 MiB message limit
+/// (a record is about 200 bytes).
+pub const TABLE_CHUNK: usize = 4096;
+
+/// How the ranks learn each other's records through the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exchange {
+    /// Every rank reads every rank's key: `N + N²` requests to the store.
+    Star,
+    /// Gathered up a tree, the table published once by rank 0: about `4N` requests.
+    Tree,
+}
+
 fn key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/rank/{rank}")
+}
+
+fn subtree_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/tree/{rank}")
+}
+
+fn table_key(prefix: &str, chunk: usize) -> String {
+    format!("{prefix}/table/{chunk}")
+}
+
+/// The children of `rank` in the gathering tree of `world` ranks (rank 0 at the root).
+pub fn children(rank: usize, world: usize) -> impl Iterator<Item = usize> {
+    let first = rank.saturating_mul(FANOUT).saturating_add(1);
+    (first..first.saturating_add(FANOUT)).take_while(move |&c| c < world)
+}
+
+/// Requests the store answers for one rendezvous of `world` ranks with `exchange`, when every
+/// rank arrives: (sets, gets). The simulator's control-plane model uses these counts; a test
+/// holds them to a store that counts what it is asked.
+pub fn requests(exchange: Exchange, world: usize) -> (u64, u64) {
+    requests_in(exchange, world, TABLE_CHUNK)
+}
+
+fn requests_in(exchange: Exchange, world: usize, chunk: usize) -> (u64, u64) {
+    let n = world as u64;
+    match exchange {
+        Exchange::Star => (n, n * n),
+        Exchange::Tree => {
+            let chunks = world.div_ceil(chunk) as u64;
+            // Own key per rank, a subtree key per rank but rank 0, the table's chunks once;
+            // each subtree key read once by its parent, the table by every rank but rank 0.
+            (2 * n - 1 + chunks, (n - 1) + (n - 1) * chunks)
+        }
+    }
 }
 
 /// Publish `me` and collect the infos of all `world` ranks, in rank order.
@@ -19,44 +78,376 @@ pub fn exchange(
     started: Instant,
     deadline: Instant,
 ) -> Result<Vec<RankInfo>> {
-    let failed = |reason: String| Error::Bootstrap {
+    exchange_with(Exchange::Tree, store, prefix, me, world, started, deadline)
+}
+
+/// [`exchange`] with a chosen [`Exchange`] (the star stays for comparison: `bcl-bench
+/// rendezvous`).
+pub fn exchange_with(
+    how: Exchange,
+    store: &dyn Store,
+    prefix: &str,
+    me: &RankInfo,
+    world: usize,
+    started: Instant,
+    deadline: Instant,
+) -> Result<Vec<RankInfo>> {
+    let step = Step {
+        store,
+        prefix,
         rank: me.rank,
-        reason,
+        world,
+        chunk: TABLE_CHUNK,
+        started,
+        deadline,
     };
-    let bytes = postcard::to_stdvec(me).map_err(|e| failed(format!("encoding rank info: {e}")))?;
-    store
-        .set(&key(prefix, me.rank), &bytes)
-        .map_err(|e| failed(e.to_string()))?;
-    let mut infos = Vec::with_capacity(world);
-    for rank in 0..world {
-        let raw = match store.get(&key(prefix, rank), deadline) {
-            Ok(raw) => raw,
-            Err(StoreError::Timeout { store: name, .. }) => {
-                // Name every rank still missing, not only the first.
-                let mut missing = Vec::new();
-                for r in rank..world {
-                    if !matches!(store.try_get(&key(prefix, r)), Ok(Some(_))) {
-                        missing.push(r);
-                    }
+    step.exchange(how, me)
+}
+
+impl Step<'_> {
+    fn exchange(&self, how: Exchange, me: &RankInfo) -> Result<Vec<RankInfo>> {
+        let (step, store, prefix, world) = (self, self.store, self.prefix, self.world);
+        // Every rank's own key, first: it is what names a rank that never arrives.
+        let bytes =
+            postcard::to_stdvec(me).map_err(|e| step.failed(format!("encoding rank info: {e}")))?;
+        store
+            .set(&key(prefix, me.rank), &bytes)
+            .map_err(|e| step.failed(e.to_string()))?;
+        let infos = match how {
+            Exchange::Star => {
+                let mut infos = Vec::with_capacity(world);
+                for rank in 0..world {
+                    let raw = step.get(&key(prefix, rank))?;
+                    infos.push(step.decode::<RankInfo>(&raw, &format!("rank {rank}'s info"))?);
                 }
-                return Err(Error::BootstrapTimeout {
-                    rank: me.rank,
-                    missing,
-                    waited_s: started.elapsed().as_secs_f64(),
-                    detail: format!("rendezvous through the {name} store"),
-                });
+                infos
             }
-            Err(e) => return Err(failed(e.to_string())),
+            Exchange::Tree => step.tree(me)?,
         };
-        let info: RankInfo = postcard::from_bytes(&raw)
-            .map_err(|e| failed(format!("rank {rank}'s info is not valid: {e}")))?;
-        if info.rank != rank {
-            return Err(failed(format!(
-                "store key of rank {rank} holds rank {}'s info",
-                info.rank
+        for (rank, info) in infos.iter().enumerate() {
+            if info.rank != rank {
+                return Err(step.failed(format!(
+                    "the record at place {rank} of the rendezvous is rank {}'s",
+                    info.rank
+                )));
+            }
+        }
+        if infos.len() != world {
+            return Err(step.failed(format!(
+                "the rendezvous gave {} records for {world} ranks",
+                infos.len()
             )));
         }
-        infos.push(info);
+        Ok(infos)
     }
-    Ok(infos)
+}
+
+/// One rank's rendezvous: what its requests share.
+struct Step<'a> {
+    store: &'a dyn Store,
+    prefix: &'a str,
+    rank: usize,
+    world: usize,
+    /// Records per table key ([`TABLE_CHUNK`]; smaller in tests).
+    chunk: usize,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Step<'_> {
+    fn failed(&self, reason: String) -> Error {
+        Error::Bootstrap {
+            rank: self.rank,
+            reason,
+        }
+    }
+
+    fn decode<T: for<'de> serde::Deserialize<'de>>(&self, raw: &[u8], what: &str) -> Result<T> {
+        postcard::from_bytes(raw).map_err(|e| self.failed(format!("{what} is not valid: {e}")))
+    }
+
+    /// The value of `key`, waiting until the deadline; past it, an error naming every rank
+    /// whose own key is still missing (whichever key this rank was waiting for).
+    fn get(&self, key_: &str) -> Result<Vec<u8>> {
+        match self.store.get(key_, self.deadline) {
+            Ok(raw) => Ok(raw),
+            Err(StoreError::Timeout { store: name, .. }) => {
+                let missing = (0..self.world)
+                    .filter(|&r| !matches!(self.store.try_get(&key(self.prefix, r)), Ok(Some(_))))
+                    .collect();
+                Err(Error::BootstrapTimeout {
+                    rank: self.rank,
+                    missing,
+                    waited_s: self.started.elapsed().as_secs_f64(),
+                    detail: format!("rendezvous through the {name} store (waiting for '{key_}')"),
+                })
+            }
+            Err(e) => Err(self.failed(e.to_string())),
+        }
+    }
+
+    /// Gather this rank's subtree, publish it; rank 0 publishes the table, the others read it.
+    fn tree(&self, me: &RankInfo) -> Result<Vec<RankInfo>> {
+        let mut subtree = vec![me.clone()];
+        for child in children(self.rank, self.world) {
+            let raw = self.get(&subtree_key(self.prefix, child))?;
+            let records: Vec<RankInfo> =
+                self.decode(&raw, &format!("rank {child}'s subtree record"))?;
+            subtree.extend(records);
+        }
+        if self.rank != 0 {
+            let bytes = postcard::to_stdvec(&subtree)
+                .map_err(|e| self.failed(format!("encoding the subtree record: {e}")))?;
+            self.store
+                .set(&subtree_key(self.prefix, self.rank), &bytes)
+                .map_err(|e| self.failed(e.to_string()))?;
+            let mut table = Vec::with_capacity(self.world);
+            for chunk in 0..self.world.div_ceil(self.chunk) {
+                let raw = self.get(&table_key(self.prefix, chunk))?;
+                let records: Vec<RankInfo> =
+                    self.decode(&raw, &format!("chunk {chunk} of rank 0's table"))?;
+                table.extend(records);
+            }
+            return Ok(table);
+        }
+        // The root: every record once, in rank order.
+        let mut table: Vec<Option<RankInfo>> = vec![None; self.world];
+        for info in subtree {
+            let r = info.rank;
+            match table.get_mut(r) {
+                Some(slot @ None) => *slot = Some(info),
+                Some(Some(_)) => {
+                    return Err(self.failed(format!("rank {r}'s record came twice up the tree")));
+                }
+                None => {
+                    return Err(self.failed(format!(
+                        "a record names rank {r}, beyond the world of {}",
+                        self.world
+                    )));
+                }
+            }
+        }
+        let table: Vec<RankInfo> = table
+            .into_iter()
+            .enumerate()
+            .map(|(r, info)| {
+                info.ok_or_else(|| self.failed(format!("rank {r}'s record never came up the tree")))
+            })
+            .collect::<Result<_>>()?;
+        for (chunk, records) in table.chunks(self.chunk).enumerate() {
+            let bytes = postcard::to_stdvec(records)
+                .map_err(|e| self.failed(format!("encoding the table: {e}")))?;
+            self.store
+                .set(&table_key(self.prefix, chunk), &bytes)
+                .map_err(|e| self.failed(e.to_string()))?;
+        }
+        Ok(table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
+    use bcl_transport::store::MemoryStore;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A memory store that counts what it is asked.
+    #[derive(Debug, Default)]
+    struct Counting {
+        inner: MemoryStore,
+        sets: AtomicU64,
+        gets: AtomicU64,
+    }
+
+    impl Store for Counting {
+        fn set(&self, key: &str, value: &[u8]) -> std::result::Result<(), StoreError> {
+            self.sets.fetch_add(1, Ordering::Relaxed);
+            self.inner.set(key, value)
+        }
+        fn get(&self, key: &str, deadline: Instant) -> std::result::Result<Vec<u8>, StoreError> {
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            self.inner.get(key, deadline)
+        }
+        fn try_get(&self, key: &str) -> std::result::Result<Option<Vec<u8>>, StoreError> {
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            self.inner.try_get(key)
+        }
+    }
+
+    fn info(rank: usize) -> RankInfo {
+        RankInfo {
+            rank,
+            hostname: format!("host{}", rank / 8),
+            host_id: format!("id{}", rank / 8),
+            pid: 1000 + rank as u32,
+            nic: None,
+            device: DeviceInfo {
+                vendor: Vendor::Cpu,
+                model: format!("model of {rank}"),
+                index: (rank % 8) as u32,
+                host_id: format!("id{}", rank / 8),
+                capabilities: DeviceCapabilities {
+                    host_addressable: true,
+                    external_memory: false,
+                    copy_gbps: None,
+                    reduce_gbps: None,
+                },
+            },
+            address: bcl_transport::PeerAddress::new(rank.to_le_bytes().to_vec()).expect("address"),
+            health: Some(format!("10.0.0.{}:{}", rank % 250, 4000 + rank)),
+        }
+    }
+
+    /// Every rank of `ranks` runs the rendezvous of `world` on its own thread.
+    fn run(
+        how: Exchange,
+        chunk: usize,
+        store: &(dyn Store + Sync),
+        world: usize,
+        ranks: impl Iterator<Item = usize>,
+        wait: Duration,
+    ) -> Vec<(usize, Result<Vec<RankInfo>>)> {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .map(|r| {
+                    s.spawn(move || {
+                        let step = Step {
+                            store,
+                            prefix: "t",
+                            rank: r,
+                            world,
+                            chunk,
+                            started,
+                            deadline: started + wait,
+                        };
+                        (r, step.exchange(how, &info(r)))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn the_tree_holds_every_rank_but_the_root_once() {
+        for world in [1, 2, 16, 17, 18, 272, 273, 1000] {
+            let mut parent = vec![None; world];
+            for r in 0..world {
+                for c in children(r, world) {
+                    assert!(
+                        parent[c].is_none(),
+                        "world {world}: rank {c} has two parents"
+                    );
+                    assert!(c > r, "world {world}: child {c} of {r} comes first");
+                    parent[c] = Some(r);
+                }
+            }
+            assert!(parent[0].is_none());
+            assert!(
+                parent.iter().skip(1).all(Option::is_some),
+                "world {world}: a rank is left out"
+            );
+        }
+    }
+
+    #[test]
+    fn both_exchanges_give_every_rank_every_record_in_order_and_ask_what_they_say() {
+        // Tables of 64 records a chunk: 290 ranks take theirs in five.
+        for world in [1, 2, 3, 17, 64, 65, 290] {
+            for how in [Exchange::Star, Exchange::Tree] {
+                if how == Exchange::Star && world > 20 {
+                    continue; // N² gets on a condvar: its count is held at the smaller sizes
+                }
+                let store = Counting::default();
+                for (r, got) in run(how, 64, &store, world, 0..world, Duration::from_secs(60)) {
+                    let got = got.unwrap_or_else(|e| panic!("{how:?} {world}: rank {r}: {e}"));
+                    assert_eq!(got.len(), world, "{how:?} {world}: rank {r}");
+                    for (i, g) in got.iter().enumerate() {
+                        assert_eq!(g, &info(i), "{how:?} {world}: rank {r}, record {i}");
+                    }
+                }
+                let asked = (store.sets.into_inner(), store.gets.into_inner());
+                assert_eq!(
+                    asked,
+                    requests_in(how, world, 64),
+                    "{how:?} {world}: (sets, gets)"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_rank_that_never_comes_is_named_by_every_other_whether_leaf_or_inner() {
+        // World 40: rank 1 is inner (children 17..=32), rank 35 a leaf under rank 2.
+        for missing in [1, 35] {
+            let store = MemoryStore::new();
+            let world = 40;
+            let results = run(
+                Exchange::Tree,
+                TABLE_CHUNK,
+                &store,
+                world,
+                (0..world).filter(|&r| r != missing),
+                Duration::from_millis(300),
+            );
+            for (r, got) in results {
+                match got {
+                    Err(Error::BootstrapTimeout {
+                        rank, missing: m, ..
+                    }) => {
+                        assert_eq!((rank, m), (r, vec![missing]), "rank {r}");
+                    }
+                    other => panic!("rank {r}: expected a timeout naming {missing}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_garbled_subtree_record_is_named_by_the_parent() {
+        let store = MemoryStore::new();
+        // Rank 1's subtree key holds garbage before rank 1 could write it; rank 0 reads it.
+        store.set("t/tree/1", b"\xff\xff\xff").expect("set");
+        let results = run(
+            Exchange::Tree,
+            TABLE_CHUNK,
+            &store,
+            2,
+            [0].into_iter(),
+            Duration::from_secs(5),
+        );
+        match &results[0].1 {
+            Err(Error::Bootstrap { rank: 0, reason }) => {
+                assert!(
+                    reason.contains("rank 1's subtree record is not valid"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected rank 0 to name rank 1's record: {other:?}"),
+        }
+        // A record that names a rank twice.
+        let store = MemoryStore::new();
+        let twice = postcard::to_stdvec(&vec![info(1), info(0)]).expect("encode");
+        store.set("t/tree/1", &twice).expect("set");
+        let results = run(
+            Exchange::Tree,
+            TABLE_CHUNK,
+            &store,
+            2,
+            [0].into_iter(),
+            Duration::from_secs(5),
+        );
+        match &results[0].1 {
+            Err(Error::Bootstrap { rank: 0, reason }) => {
+                assert!(reason.contains("rank 0's record came twice"), "{reason}");
+            }
+            other => panic!("expected a duplicate to be named: {other:?}"),
+        }
+    }
 }

@@ -19,13 +19,14 @@
 //! The public surface: [`Communicator`] and [`CommBuilder`], their settings ([`config`]),
 //! what a launcher hands over ([`launch`]), errors ([`Error`], [`Cause`]), the health report's
 //! types ([`health`]), and the schedules ([`schedule`]: pure plans and the symbolic checker,
-//! for tools such as a simulator). Everything else (bootstrap, topology, the executor, the
+//! for tools such as a simulator), and the rendezvous ([`bootstrap`], so a benchmark can
+//! time it alone). Everything else (topology, the executor, the
 //! signature exchange) is private.
 
 #![forbid(unsafe_code)]
 
 pub mod agreement;
-mod bootstrap;
+pub mod bootstrap;
 mod comm;
 pub mod config;
 mod error;

@@ -105,3 +105,40 @@ fn a_client_that_left_while_waiting_for_a_key_is_let_go() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The server counts what it answers and what its replies weigh (the control-plane figures
+/// come from these), and a reply arrives as one frame: a length, then the body.
+#[test]
+fn the_tcp_store_counts_requests_and_reply_bytes() {
+    use std::io::{Read, Write};
+    let secret = Secret([5; 16]);
+    let server =
+        TcpStoreServer::start("127.0.0.1:0".parse().expect("addr"), secret).expect("server");
+    let d = Instant::now() + Duration::from_secs(5);
+    let a = TcpStore::connect(server.addr(), &secret, d).expect("client");
+    assert_eq!(server.served(), (0, 0), "a handshake is not a request");
+    a.set("k", &[7u8; 100]).expect("set");
+    assert_eq!(a.get("k", d).expect("get"), vec![7u8; 100]);
+    assert_eq!(a.try_get("absent").expect("try_get"), None);
+    // Replies as postcard writes them, each after a 4-byte length: Done (variant 0); Value
+    // (variant 1), Some (1), a length of 100 (one varint byte) and the bytes; Value, None (0).
+    let expected = (4 + 1) + (4 + 1 + 1 + 1 + 100) + (4 + 1 + 1);
+    assert_eq!(server.served(), (3, expected));
+
+    // Over a raw connection: the reply to a get is its length and then exactly that body.
+    let mut raw = std::net::TcpStream::connect(server.addr()).expect("connect");
+    bcl_transport::auth::exchange::client(&mut raw, &secret, b"bcl-store-v1").expect("handshake");
+    // Request::Get { key: "k", wait_ms: 0 }: variant 1, key length 1, "k", varint 0.
+    let body = [1u8, 1, b'k', 0];
+    raw.write_all(&(body.len() as u32).to_le_bytes()).expect("len");
+    raw.write_all(&body).expect("body");
+    raw.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut len = [0u8; 4];
+    raw.read_exact(&mut len).expect("reply length");
+    assert_eq!(u32::from_le_bytes(len), 1 + 1 + 1 + 100);
+    let mut reply = vec![0u8; 103];
+    raw.read_exact(&mut reply).expect("reply body");
+    assert_eq!(&reply[..3], &[1, 1, 100]);
+    assert!(reply[3..].iter().all(|&b| b == 7));
+    assert_eq!(server.served(), (4, expected + 4 + 103));
+}

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub(crate) const AUTH_CONTEXT: &[u8] = b"bcl-store-v1";
@@ -35,10 +35,17 @@ enum Reply {
     Value(Option<Vec<u8>>),
 }
 
+/// `msg` as it goes on the wire: a length, then the body. Written in one write: a length and
+/// a body in two would wait out Nagle and the peer's delayed ack, ~40 ms a reply.
+fn frame<T: Serialize>(msg: &T) -> std::io::Result<Vec<u8>> {
+    let mut framed = postcard::to_extend(msg, vec![0u8; 4]).map_err(std::io::Error::other)?;
+    let len = (framed.len() - 4) as u32;
+    framed[..4].copy_from_slice(&len.to_le_bytes());
+    Ok(framed)
+}
+
 fn write_message<T: Serialize>(s: &mut TcpStream, msg: &T) -> std::io::Result<()> {
-    let body = postcard::to_stdvec(msg).map_err(std::io::Error::other)?;
-    s.write_all(&(body.len() as u32).to_le_bytes())?;
-    s.write_all(&body)
+    s.write_all(&frame(msg)?)
 }
 
 fn read_message<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io::Result<T> {
@@ -61,6 +68,10 @@ fn read_message<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io::Res
 struct Table {
     map: Mutex<HashMap<String, Vec<u8>>>,
     changed: Condvar,
+    /// Requests answered and reply bytes sent: the store's load, for the control-plane
+    /// figures (`bcl-bench rendezvous`).
+    requests: AtomicU64,
+    bytes_out: AtomicU64,
 }
 
 /// The server side, run by rank 0. Dropping it closes the port and every client connection
@@ -123,6 +134,14 @@ impl TcpStoreServer {
     /// Connections being served now (strangers still in the handshake included).
     pub fn clients(&self) -> usize {
         self.open.lock().len()
+    }
+
+    /// Requests answered so far, and the bytes of their replies (length prefixes included).
+    pub fn served(&self) -> (u64, u64) {
+        (
+            self.table.requests.load(Ordering::Relaxed),
+            self.table.bytes_out.load(Ordering::Relaxed),
+        )
     }
 
     /// Handshakes in flight now (at most [`HANDSHAKES_IN_FLIGHT`]), and those cut so far to
@@ -219,6 +238,7 @@ fn serve_client(
     ticket: Ticket,
 ) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
+    s.set_nodelay(true)?;
     s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
     s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
     exchange::server_then(&mut s, secret, AUTH_CONTEXT, move || drop(ticket))?;
@@ -270,7 +290,13 @@ fn serve_client(
                 }
             }
         };
-        write_message(&mut s, &reply)?;
+        let framed = frame(&reply)?;
+        // Counted before the reply leaves, so that a client holding it is counted.
+        table.requests.fetch_add(1, Ordering::Relaxed);
+        table
+            .bytes_out
+            .fetch_add(framed.len() as u64, Ordering::Relaxed);
+        s.write_all(&framed)?;
     }
 }
 

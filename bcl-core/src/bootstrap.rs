@@ -69,6 +69,11 @@ fn requests_in(exchange: Exchange, world: usize, chunk: usize) -> (u64, u64) {
     }
 }
 
+/// The bytes of `info` as the store holds it (0 where it cannot be encoded).
+pub fn encoded_len(info: &RankInfo) -> usize {
+    postcard::to_stdvec(info).map_or(0, |b| b.len())
+}
+
 /// Publish `me` and collect the infos of all `world` ranks, in rank order.
 pub fn exchange(
     store: &dyn Store,

@@ -16,6 +16,7 @@ pub mod launch;
 pub mod pattern;
 pub mod plot;
 pub mod progress;
+pub mod rendezvous;
 pub mod sweep;
 pub mod table;
 

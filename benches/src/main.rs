@@ -20,6 +20,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if argv.get(1).map(String::as_str) == Some("rendezvous") {
+        return match bcl_bench::rendezvous::main(&argv[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bcl-bench: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = Args::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

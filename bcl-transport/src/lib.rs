@@ -20,6 +20,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod keys;
+pub mod listener;
 pub mod mem;
 mod poll;
 #[cfg(feature = "rdma")]

@@ -130,9 +130,11 @@ fn the_tcp_store_counts_requests_and_reply_bytes() {
     bcl_transport::auth::exchange::client(&mut raw, &secret, b"bcl-store-v1").expect("handshake");
     // Request::Get { key: "k", wait_ms: 0 }: variant 1, key length 1, "k", varint 0.
     let body = [1u8, 1, b'k', 0];
-    raw.write_all(&(body.len() as u32).to_le_bytes()).expect("len");
+    raw.write_all(&(body.len() as u32).to_le_bytes())
+        .expect("len");
     raw.write_all(&body).expect("body");
-    raw.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    raw.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     let mut len = [0u8; 4];
     raw.read_exact(&mut len).expect("reply length");
     assert_eq!(u32::from_le_bytes(len), 1 + 1 + 1 + 100);

@@ -43,7 +43,7 @@ use crate::peers::RankInfo;
 use crate::signature::Signature;
 use bcl_transport::Secret;
 use parking_lot::Mutex;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -112,7 +112,7 @@ impl Health {
                 spawner: Mutex::new(None),
             });
         }
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
+        let listener = bcl_transport::listener::bind(SocketAddr::new(ip, 0))?;
         listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
         let (accept_waker, accept_woken) = UnixDatagram::pair()?;

@@ -100,7 +100,7 @@ impl TcpStoreServer {
             what: what.to_string(),
             source,
         };
-        let listener = TcpListener::bind(bind).map_err(|e| io("binding", e))?;
+        let listener = crate::listener::bind(bind).map_err(|e| io("binding", e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| io("reading address", e))?;

@@ -24,7 +24,7 @@ pub(crate) const STRANGERS_IN_FLIGHT: usize = 32;
 /// listener in errors ("a TCP listener", "the rdma setup listener").
 pub(crate) fn listen(ip: IpAddr, what: &str) -> Result<(TcpListener, PeerAddress), TransportError> {
     let listener =
-        TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|source| TransportError::Setup {
+        crate::listener::bind(SocketAddr::new(ip, 0)).map_err(|source| TransportError::Setup {
             what: format!("binding {what} on {ip}"),
             source,
         })?;

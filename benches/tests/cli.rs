@@ -471,3 +471,37 @@ fn sendrecv_on_cpu_and_sim_ranks_is_checked_and_reports_busbw_as_algbw() {
         assert_eq!(r[10], r[11], "busbw is algbw for sendrecv: {out}");
     }
 }
+
+/// `bcl-bench rendezvous` runs both exchanges and reports what the store answered: every rank
+/// reads every key in the star (N sets, N² gets); the tree sets each rank's key, each non-root
+/// subtree and one table chunk, and reads each subtree once and the table from N - 1 ranks.
+#[test]
+fn rendezvous_reports_the_requests_each_exchange_asks_of_the_store() {
+    let (code, out, err) = run(&["rendezvous", "--nranks", "5,40", "--rounds", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let rows = rows(&out);
+    let find = |n: &str, how: &str| {
+        rows.iter()
+            .find(|r| r[0] == n && r[1] == how)
+            .unwrap_or_else(|| panic!("no {how} row for {n} ranks in:\n{out}"))
+            .clone()
+    };
+    for (n, star, tree) in [
+        (5u64, 5 + 25, 9 + 1 + 4 + 4),
+        (40, 40 + 1600, 79 + 1 + 39 + 39),
+    ] {
+        assert_eq!(find(&n.to_string(), "star")[5], star.to_string(), "{out}");
+        assert_eq!(find(&n.to_string(), "tree")[5], tree.to_string(), "{out}");
+    }
+    for bad in [
+        &["rendezvous", "--nranks", "0"][..],
+        &["rendezvous", "--nranks", "99999"],
+        &["rendezvous", "--exchange", "ring"],
+        &["rendezvous", "--rounds", "-1"],
+        &["rendezvous", "--bogus"],
+    ] {
+        let (code, _, err) = run(bad);
+        assert_eq!(code, 2, "{bad:?} should be refused: {err}");
+        assert!(err.contains("rendezvous:"), "{bad:?}: {err}");
+    }
+}

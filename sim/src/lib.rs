@@ -11,11 +11,15 @@
 //! ```
 //!
 //! `ettr` models effective training time under failures (restart from checkpoint against
-//! BCL's in-place recovery), from the detection and recovery figures measured elsewhere.
+//! BCL's in-place recovery), from the detection and recovery figures measured elsewhere;
+//! `control`, BCL's control plane at scale (the rendezvous through rank 0's store, the
+//! slow-node reports, a verdict's spread) from the real code's request counts.
 //!
 //! Everything here is sans-IO and deterministic: no clock, thread or socket.
 
 pub mod args;
+pub mod control;
+pub mod control_report;
 pub mod engine;
 pub mod ettr;
 pub mod ettr_report;

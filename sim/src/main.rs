@@ -1,4 +1,5 @@
 use bcl_sim::args::Args;
+use bcl_sim::control_report::ControlArgs;
 use bcl_sim::ettr_report::EttrArgs;
 use clap::Parser;
 use std::io::Write;
@@ -15,6 +16,19 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("bcl-sim ettr: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if argv.get(1).map(String::as_str) == Some("control") {
+        let args = ControlArgs::parse_from(&argv[1..]);
+        return match bcl_sim::control_report::tables(&args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bcl-sim control: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -16,8 +16,7 @@ use crate::peers::RankInfo;
 use bcl_transport::store::{Store, StoreError};
 use std::time::Instant;
 
-/// Children per rank in the gathering tree: 10k ranks are 4 levels deep.
-pub const FANOUT: usize = 16;
+pub use crate::tree::FANOUT;
 /// Records per table key: a chunk stays far below the tcp store's 16 MiB message limit
 /// (a record is about 200 bytes).
 pub const TABLE_CHUNK: usize = 4096;
@@ -45,8 +44,7 @@ fn table_key(prefix: &str, chunk: usize) -> String {
 
 /// The children of `rank` in the gathering tree of `world` ranks (rank 0 at the root).
 pub fn children(rank: usize, world: usize) -> impl Iterator<Item = usize> {
-    let first = rank.saturating_mul(FANOUT).saturating_add(1);
-    (first..first.saturating_add(FANOUT)).take_while(move |&c| c < world)
+    crate::tree::children(rank, world, FANOUT)
 }
 
 /// Requests the store answers for one rendezvous of `world` ranks with `exchange`, when every
@@ -337,28 +335,6 @@ mod tests {
                 .map(|h| h.join().expect("rank thread"))
                 .collect()
         })
-    }
-
-    #[test]
-    fn the_tree_holds_every_rank_but_the_root_once() {
-        for world in [1, 2, 16, 17, 18, 272, 273, 1000] {
-            let mut parent = vec![None; world];
-            for r in 0..world {
-                for c in children(r, world) {
-                    assert!(
-                        parent[c].is_none(),
-                        "world {world}: rank {c} has two parents"
-                    );
-                    assert!(c > r, "world {world}: child {c} of {r} comes first");
-                    parent[c] = Some(r);
-                }
-            }
-            assert!(parent[0].is_none());
-            assert!(
-                parent.iter().skip(1).all(Option::is_some),
-                "world {world}: a rank is left out"
-            );
-        }
     }
 
     #[test]

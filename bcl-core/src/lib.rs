@@ -41,6 +41,7 @@ mod peers;
 pub mod schedule;
 mod signature;
 mod topology;
+pub mod tree;
 mod unique_id;
 mod units;
 mod work;

@@ -1,4 +1,4 @@
-//! Many ranks on one machine: 64 `bcl-rank` processes on this 2-core host, over shared memory
+//! Many ranks on one machine: 64 `bcl-rank` processes (`BCL_SCALE_RANKS` for more) on this 2-core host, over shared memory
 //! and over tcp. Each must start (init within its timeout), meet in a barrier, compute a
 //! 1 MiB allreduce exactly, and, once one rank is SIGKILLed, every survivor must name that
 //! rank dead (and no other fault). What a crowd of ranks breaks first is the control plane
@@ -18,8 +18,22 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 const RANK_BIN: &str = env!("CARGO_BIN_EXE_bcl-rank");
-const WORLD: usize = 64;
 const VICTIM: usize = 37;
+
+/// 64 ranks in CI; `BCL_SCALE_RANKS=128` for the long figures (docs/scale.md). A value that is
+/// not a count of 38 to 1024 ranks fails the test rather than run something else.
+fn world() -> usize {
+    match std::env::var("BCL_SCALE_RANKS") {
+        Err(_) => 64,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (VICTIM + 1..=1024).contains(&n) => n,
+            _ => panic!(
+                "BCL_SCALE_RANKS={v}: give a rank count from {} to 1024",
+                VICTIM + 1
+            ),
+        },
+    }
+}
 
 #[test]
 fn sixty_four_ranks_over_shared_memory() {
@@ -33,6 +47,7 @@ fn sixty_four_ranks_over_tcp() {
 
 fn sixty_four_ranks(transport: &str) {
     let _serial = one_at_a_time();
+    let world = world();
     let env = [
         ("BCL_TRANSPORT", transport),
         // 64 processes on 2 cores: bounded, with room for a slow CI machine.
@@ -41,7 +56,7 @@ fn sixty_four_ranks(transport: &str) {
         ("BCL_TEST_LINGER_MS", "3000"),
     ];
     let started = Instant::now();
-    let mut children = start_ranks(RANK_BIN, WORLD, "scale", &env);
+    let mut children = start_ranks(RANK_BIN, world, "scale", &env);
     // Every rank prints `ready` once its barrier and checked allreduce are done; a rank that
     // fails first ends its stdout instead. Bounded: the reader threads give up at the deadline.
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -60,7 +75,7 @@ fn sixty_four_ranks(transport: &str) {
     }
     drop(tx);
     let (mut ready, mut not_ready) = (0, Vec::new());
-    for _ in 0..WORLD {
+    for _ in 0..world {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok((_, true)) => ready += 1,
@@ -68,7 +83,7 @@ fn sixty_four_ranks(transport: &str) {
             Err(_) => break,
         }
     }
-    if ready < WORLD {
+    if ready < world {
         let finished = kill_all(children);
         let first = finished
             .iter()
@@ -83,10 +98,10 @@ fn sixty_four_ranks(transport: &str) {
                     .join("\n")
             });
         panic!(
-            "{transport}: {} of {WORLD} ranks did not get through init, the barrier and the \
+            "{transport}: {} of {world} ranks did not get through init, the barrier and the \
              checked 1 MiB allreduce within 240 s (ranks {not_ready:?} ended first); first \
              error: {first}",
-            WORLD - ready
+            world - ready
         );
     }
     let all_ready = started.elapsed();
@@ -131,14 +146,14 @@ fn sixty_four_ranks(transport: &str) {
     }
     assert_eq!(
         inits.len(),
-        WORLD - 1,
+        world - 1,
         "{transport}: a survivor printed no 'scale' line"
     );
     inits.sort_unstable();
     rss.sort_unstable();
     latencies.sort_unstable();
     eprintln!(
-        "{transport}, {WORLD} ranks: all ready in {:.1} s; init median {} ms, max {} ms; \
+        "{transport}, {world} ranks: all ready in {:.1} s; init median {} ms, max {} ms; \
          resident memory after init median {} MiB, max {} MiB; rank {VICTIM} SIGKILLed: named \
          dead by all {} survivors, p50 {} ms, max {} ms",
         all_ready.as_secs_f64(),

@@ -255,6 +255,46 @@ fn a_slow_sim_device_is_named_as_a_slow_rank_not_a_slow_link() {
     assert!(line.contains("not a slow link"), "{line}");
 }
 
+/// With `BCL_REPORT_FANOUT=1` the reports' tree is a chain (0 <- 1 <- 2 <- 3): rank 3's
+/// windows reach rank 0's detector only through ranks 2 and 1, a window later per relay.
+fn through_a_chain(mut vars: Vec<(String, String)>) -> Vec<(String, String)> {
+    vars.push(("BCL_REPORT_FANOUT".into(), "1".into()));
+    vars
+}
+
+#[test]
+fn a_slow_device_two_relays_below_rank_0_is_named_through_the_reports_tree() {
+    let line = the_only_verdict(&|rank| {
+        let device = if rank == 3 {
+            "sim:copy=1:reduce=1"
+        } else {
+            "cpu"
+        };
+        through_a_chain(env(&[
+            ("BCL_DEVICE", device),
+            ("BCL_TEST_SECONDS", "20"),
+            ("BCL_TEST_ELEMS", "262144"),
+        ]))
+    });
+    assert!(
+        line.starts_with("slow rank 3 (host") && line.contains("sim:"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_straggler_two_relays_below_rank_0_is_named_through_the_reports_tree() {
+    let line = the_only_verdict(&|_| {
+        through_a_chain(env(&[
+            ("BCL_TEST_LATE_RANK", "3"),
+            ("BCL_TEST_LATE_MS", "20"),
+            ("BCL_TEST_SECONDS", "20"),
+            ("BCL_TEST_ELEMS", "65536"),
+        ]))
+    });
+    assert!(line.starts_with("straggler rank 3 (host"), "{line}");
+}
+
 #[test]
 fn a_rank_that_sleeps_before_each_collective_is_named_a_straggler() {
     let line = the_only_verdict(&|_| {

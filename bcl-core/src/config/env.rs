@@ -19,6 +19,7 @@ impl CommConfig {
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
+    /// `BCL_REPORT_FANOUT`,
     /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]), `BCL_SHARES` (equal, speed). A value that does not parse, or lies outside its range, is an error
     /// naming the variable and the value.
     pub fn with_env(mut self, get: Env<'_>) -> Result<Self> {
@@ -133,6 +134,9 @@ impl CommConfig {
         }
         if let Some(n) = count("BCL_FLIGHT_RECORDER_OPS", RECORDER_OPS)? {
             self.health.recorder_ops = n;
+        }
+        if let Some(n) = count("BCL_REPORT_FANOUT", super::limits::REPORT_FANOUT)? {
+            self.health.report_fanout = n;
         }
         Ok(self)
     }
@@ -268,6 +272,10 @@ mod tests {
                 &["-1", "0", "inf", "99999999999"],
             ),
             ("BCL_BIND_IP", &["-1", "300.1.1.1", "inf"]),
+            (
+                "BCL_REPORT_FANOUT",
+                &["-1", "0", "1.5", "inf", "99999999999"],
+            ),
         ];
         for (name, values) in all {
             for bad in values {

@@ -112,6 +112,12 @@ pub const SINGLE_COPY_BYTES: Count = Count {
     max: 1 << 30,
     unit: "bytes",
 };
+/// Children per rank in the slow-node reports' tree.
+pub const REPORT_FANOUT: Count = Count {
+    min: 1,
+    max: 1 << 20,
+    unit: "children",
+};
 pub const RECORDER_OPS: Count = Count {
     min: 1,
     max: 1 << 20,

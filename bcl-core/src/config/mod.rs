@@ -108,8 +108,12 @@ pub struct HealthConfig {
     pub dump_dir: Option<PathBuf>,
     /// Operations the flight recorder keeps.
     pub recorder_ops: usize,
-    /// How often each rank sends its slow-node measurements to rank 0's detector.
+    /// How often each rank sends its slow-node measurements towards rank 0's detector.
     pub window: Duration,
+    /// Children per rank in the tree the slow-node reports climb to rank 0
+    /// (`BCL_REPORT_FANOUT`; [`crate::tree::FANOUT`]): rank 0 hears from this many ranks per
+    /// window, not from every rank.
+    pub report_fanout: usize,
 }
 
 impl Default for HealthConfig {
@@ -121,6 +125,7 @@ impl Default for HealthConfig {
             dump_dir: None,
             recorder_ops: 1024,
             window: Duration::from_millis(500),
+            report_fanout: crate::tree::FANOUT,
         }
     }
 }
@@ -252,6 +257,7 @@ impl CommConfig {
         HANG_TIMEOUT.check("HealthConfig::hang_timeout", h.hang_timeout)?;
         SLOW_WINDOW.check("HealthConfig::window", h.window)?;
         RECORDER_OPS.check("HealthConfig::recorder_ops", h.recorder_ops)?;
+        limits::REPORT_FANOUT.check("HealthConfig::report_fanout", h.report_fanout)?;
         if self.store_prefix.is_empty() {
             return Err(Error::InvalidArgument(
                 "CommConfig::store_prefix is empty".into(),

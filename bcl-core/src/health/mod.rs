@@ -27,6 +27,8 @@ mod helpers;
 mod membership;
 pub(crate) use membership::{Liveness, Sent};
 mod recorder;
+#[cfg(test)]
+mod report_tests;
 mod service;
 pub mod slow;
 mod state;
@@ -77,6 +79,7 @@ impl Health {
             window: Mutex::new(slow::Window::new(rank as u32)),
             detector: Mutex::new(None),
             summary: Mutex::new(slow::Summary::default()),
+            relayed: Mutex::new(std::collections::VecDeque::new()),
             post: Default::default(),
             rank,
             secret,

@@ -297,16 +297,7 @@ pub(super) fn handshake(
                 format!("expected a verdict, got {other:?}"),
             )),
         }),
-        Purpose::Report => wire::receive(&mut stream).and_then(|m| match m {
-            Message::Window(w) if w.rank as usize == peer => {
-                let summary = inner.take_window(w);
-                wire::send(&mut stream, &Message::Summary(summary))
-            }
-            other => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("expected rank {peer}'s window, got {other:?}"),
-            )),
-        }),
+        Purpose::Report { windows } => report(inner, &mut stream, peer, windows),
         Purpose::Agree => wire::receive(&mut stream).and_then(|m| {
             let reply = super::membership::serve(inner, peer, m);
             wire::send(&mut stream, &reply)
@@ -315,6 +306,40 @@ pub(super) fn handshake(
     if let Err(e) = served {
         tracing::debug!(rank = inner.rank, peer, "health request failed: {e}");
     }
+}
+
+/// A report from `peer`: `windows` windows from ranks of its subtree, if it is a child of
+/// this rank in the reports' tree; anything else is refused, naming what was wrong.
+fn report(inner: &Arc<Inner>, stream: &mut TcpStream, peer: usize, windows: u32) -> io::Result<()> {
+    let fanout = inner.config.report_fanout;
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidData, why));
+    if crate::tree::parent(peer, fanout) != Some(inner.rank) || peer >= inner.peers().len() {
+        return refuse(format!(
+            "rank {peer} reported to rank {}, which is not its parent in the reports' tree",
+            inner.rank
+        ));
+    }
+    let limit = inner.report_limit(peer);
+    if windows == 0 || windows as usize > limit {
+        return refuse(format!(
+            "rank {peer} announced {windows} windows; its subtree may send 1 to {limit}"
+        ));
+    }
+    for _ in 0..windows {
+        match wire::receive(stream)? {
+            Message::Window(w) if crate::tree::in_subtree(w.rank as usize, peer, fanout) => {
+                inner.take_relayed(w);
+            }
+            Message::Window(w) => {
+                return refuse(format!(
+                    "rank {peer} passed on a window of rank {}, which is not below it",
+                    w.rank
+                ));
+            }
+            other => return refuse(format!("expected a window from rank {peer}, got {other:?}")),
+        }
+    }
+    wire::send(stream, &Message::Summary(inner.summary()))
 }
 
 /// Hand `verdict` to every other rank directly (the ring flood reaches the rest).

@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+/// Windows a rank may hold or pass on per rank of its subtree.
+pub(super) const RELAYED_PER_RANK: usize = 4;
+
 /// What the data path publishes about its operations.
 pub(super) struct OpLog {
     pub(super) started: u32,
@@ -58,6 +61,9 @@ pub(crate) struct Inner {
     pub(super) window: Mutex<slow::Window>,
     pub(super) detector: Mutex<Option<slow::Detector>>,
     pub(super) summary: Mutex<slow::Summary>,
+    /// Windows this rank's children in the reports' tree sent up, to pass on with its own
+    /// (every rank but rank 0; bounded by [`RELAYED_PER_RANK`] per rank below it).
+    pub(super) relayed: Mutex<std::collections::VecDeque<slow::Window>>,
     /// Shrink proposals and addresses from other ranks.
     pub(super) post: super::membership::Post,
     /// The channel to the thread that starts helpers (`None` once shut down, or when off).
@@ -69,12 +75,14 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Close the current slow-node window: rank 0 evaluates it with what the others sent;
-    /// the others send theirs to rank 0 and keep the summary it answers. On a helper: the
-    /// window and the detector are locked by the data path and by the reports arriving, and
-    /// a thread that holds one can be preempted for seconds on a crowded machine (among 64
-    /// ranks on 2 cores, rank 0's health loop stalled twice, 3 and 6 s, outside its accepts and
-    /// links, where closing the window waits for the detector's lock; its neighbours, hearing
-    /// nothing, named it unresponsive).
+    /// the others send theirs, with the windows their children sent up, to their parent in
+    /// the reports' tree ([`crate::tree`], `HealthConfig::report_fanout`), and keep the
+    /// summary it answers (rank 0's, passed down a level per window). Rank 0 hears from its
+    /// children only: with every rank dialling it each window, 128 ranks on this 2-core
+    /// machine queued ~950 handshake threads at its health port, which then answered no probe
+    /// and was named unresponsive (docs/scale.md). On a helper: the window and the detector
+    /// are locked by the data path and by the reports arriving, and a thread that holds one
+    /// can be preempted for seconds on a crowded machine.
     pub(super) fn close_window(self: &Arc<Self>) {
         let inner = self.clone();
         super::helpers::spawn_helper(self, "window", move || inner.close_window_now());
@@ -85,7 +93,8 @@ impl Inner {
             let mut w = self.window.lock();
             std::mem::replace(&mut *w, slow::Window::new(self.rank as u32))
         };
-        if self.rank == 0 {
+        let fanout = self.config.report_fanout;
+        let Some(parent) = crate::tree::parent(self.rank, fanout) else {
             let mut detector = self.detector.lock();
             let Some(d) = detector.as_mut() else { return };
             d.add(window);
@@ -94,35 +103,70 @@ impl Inner {
             }
             *self.summary.lock() = d.summary().clone();
             return;
-        }
-        let Some(addr) = self.health_address(0) else {
+        };
+        let Some(addr) = self.health_address(parent) else {
             return;
         };
+        let mut windows: Vec<slow::Window> = self.relayed.lock().drain(..).collect();
+        windows.push(window);
         let exchange = wire::dial(
             addr,
             &self.secret,
             self.rank,
-            wire::Purpose::Report,
+            wire::Purpose::Report {
+                windows: windows.len() as u32,
+            },
             self.probe_timeout,
         )
         .and_then(|mut s| {
-            wire::send(&mut s, &wire::Message::Window(window))?;
+            for w in windows {
+                wire::send(&mut s, &wire::Message::Window(w))?;
+            }
             wire::receive(&mut s)
         });
         match exchange {
             Ok(wire::Message::Summary(summary)) => *self.summary.lock() = summary,
             Ok(other) => {
-                tracing::debug!(rank = self.rank, "rank 0 answered a report with {other:?}")
+                tracing::debug!(
+                    rank = self.rank,
+                    parent,
+                    "parent answered a report with {other:?}"
+                )
             }
-            Err(e) => tracing::debug!(rank = self.rank, "cannot report to rank 0: {e}"),
+            Err(e) => tracing::debug!(
+                rank = self.rank,
+                parent,
+                "cannot report to rank {parent}: {e}"
+            ),
         }
     }
 
-    /// A window from another rank (rank 0 only); returns the current summary.
-    pub(super) fn take_window(&self, window: slow::Window) -> slow::Summary {
-        if let Some(d) = self.detector.lock().as_mut() {
-            d.add(window);
+    /// How many windows a report from `child` may carry: a few per rank of its subtree (a
+    /// window's worth per level may queue while a parent's own report is in flight).
+    pub(super) fn report_limit(&self, child: usize) -> usize {
+        let size = crate::tree::subtree_size(child, self.peers().len(), self.config.report_fanout);
+        size.saturating_mul(RELAYED_PER_RANK)
+    }
+
+    /// A window `child` sent up, from a rank of its subtree: rank 0's detector takes it, any
+    /// other rank keeps it for its own next report (the oldest dropped past the bound).
+    pub(super) fn take_relayed(&self, window: slow::Window) {
+        if self.rank == 0 {
+            if let Some(d) = self.detector.lock().as_mut() {
+                d.add(window);
+            }
+            return;
         }
+        let bound = self.report_limit(self.rank);
+        let mut relayed = self.relayed.lock();
+        while relayed.len() >= bound {
+            relayed.pop_front();
+        }
+        relayed.push_back(window);
+    }
+
+    /// The latest summary (rank 0's own, or the one its parent last answered).
+    pub(super) fn summary(&self) -> slow::Summary {
         self.summary.lock().clone()
     }
 

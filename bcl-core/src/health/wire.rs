@@ -37,9 +37,10 @@ pub enum Purpose {
     Probe { target: u32 },
     /// A verdict follows; the reply is `Accepted` once it is in force.
     Deliver,
-    /// A window of slow-node measurements follows (to rank 0); the reply is the detector's
-    /// summary.
-    Report,
+    /// `windows` windows of slow-node measurements follow (to the sender's parent in the
+    /// reports' tree: its own and those its children sent up, each a `Window`); the reply is
+    /// the receiver's latest summary.
+    Report { windows: u32 },
     /// One membership message follows (a shrink proposal or a new communicator's address);
     /// the reply is `Accepted` or `ExcludedYou`.
     Agree,

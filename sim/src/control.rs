@@ -24,6 +24,8 @@ pub struct Constants {
     pub per_connection: f64,
     /// Seconds for a detector to hand a verdict to one rank: dial, authenticate, send, answer.
     pub dial: f64,
+    /// Seconds of rank 0's detector per window it takes (decode, add): assumed, not measured.
+    pub per_window: f64,
     /// Seconds between slow-node reports (`BCL_SLOW_WINDOW_MS`).
     pub window: f64,
     /// Seconds per hop of the ring flood (a message on an open health link, and its relay).
@@ -43,6 +45,7 @@ impl Default for Constants {
             record: 177.0,
             per_connection: 250e-6,
             dial: 250e-6,
+            per_window: 5e-6,
             window: 0.5,
             hop: 100e-6,
         }
@@ -138,16 +141,23 @@ pub fn rendezvous(how: Rendezvous, world: usize, c: &Constants) -> Load {
     }
 }
 
-/// Rank 0's health side under the slow-node reports: the share of one core it needs (1.0 or
-/// more: it cannot keep up, heartbeats and queries wait behind it, as 64 ranks on 2 busy cores
-/// showed before the reports left the health thread; docs/scale.md).
+/// Rank 0's health side under the slow-node reports when every rank dials it (the first
+/// design): the share of one core it needs (1.0 or more: it cannot keep up, and probes of it
+/// go unanswered, as 128 ranks on this 2-core machine showed; docs/scale.md).
 pub fn report_load(world: usize, c: &Constants) -> f64 {
-    (world.saturating_sub(1)) as f64 / c.window * c.per_connection
+    (world.saturating_sub(1)) as f64 / c.window * (c.per_connection + c.per_window)
 }
 
-/// The most ranks whose reports rank 0 keeps up with on one core.
+/// The same with the reports climbing a tree of `fanout` (built): rank 0 takes its children's
+/// connections and every window.
+pub fn report_load_tree(world: usize, fanout: usize, c: &Constants) -> f64 {
+    let connections = bcl_core::tree::children(0, world, fanout).count() as f64;
+    (connections * c.per_connection + world.saturating_sub(1) as f64 * c.per_window) / c.window
+}
+
+/// The most ranks whose reports rank 0 keeps up with on one core, every rank dialling it.
 pub fn report_limit(c: &Constants) -> f64 {
-    c.window / c.per_connection + 1.0
+    c.window / (c.per_connection + c.per_window) + 1.0
 }
 
 /// Seconds until a verdict reaches the last rank: delivered directly by the detector to one

@@ -1,7 +1,8 @@
 //! `bcl-sim control`: the control plane's tables per scale, from [`crate::control`].
 
 use crate::control::{
-    Constants, Rendezvous, rendezvous, report_limit, report_load, tree_depth, verdict_spread,
+    Constants, Rendezvous, rendezvous, report_limit, report_load, report_load_tree, tree_depth,
+    verdict_spread,
 };
 use bcl_core::bootstrap::Exchange;
 use clap::Parser;
@@ -29,6 +30,9 @@ pub struct ControlArgs {
     /// Seconds per direct verdict delivery (dial, handshake, send, answer).
     #[arg(long)]
     pub dial: Option<f64>,
+    /// Seconds of rank 0's detector per window taken.
+    #[arg(long)]
+    pub per_window: Option<f64>,
     /// Seconds between slow-node reports.
     #[arg(long)]
     pub window: Option<f64>,
@@ -58,6 +62,7 @@ impl ControlArgs {
             record: pick("record", self.record, d.record)?,
             per_connection: pick("per-connection", self.per_connection, d.per_connection)?,
             dial: pick("dial", self.dial, d.dial)?,
+            per_window: pick("per-window", self.per_window, d.per_window)?,
             window: pick("window", self.window, d.window)?,
             hop: pick("hop", self.hop, d.hop)?,
         })
@@ -73,12 +78,14 @@ pub fn tables(a: &ControlArgs) -> Result<String, String> {
     let c = a.constants()?;
     let mut out = format!(
         "# bcl-sim control: rank 0's store {:.1} us/request, {:.2} ns/byte, records of {} B; \
-         reports every {} s at {:.0} us each; verdicts {:.0} us per dial, {:.0} us per ring hop\n",
+         reports every {} s at {:.0} us a connection and {:.0} us a window; verdicts {:.0} us \
+         per dial, {:.0} us per ring hop\n",
         c.per_request * 1e6,
         c.per_byte * 1e9,
         c.record,
         c.window,
         c.per_connection * 1e6,
+        c.per_window * 1e6,
         c.dial * 1e6,
         c.hop * 1e6
     );
@@ -115,20 +122,23 @@ pub fn tables(a: &ControlArgs) -> Result<String, String> {
         );
     }
     out += &format!(
-        "#\n# slow-node reports at rank 0 (one connection each; it keeps up to {:.0} ranks on a core) and a verdict's spread\n",
-        report_limit(&c)
+        "#\n# slow-node reports at rank 0, its share of a core: every rank dialling it (keeps up to \
+         {:.0} ranks), and up a {}-ary tree (built); a verdict's spread\n",
+        report_limit(&c),
+        bcl_core::tree::FANOUT
     );
     out += &format!(
-        "# {:>8} | {:>10} {:>12} | {:>10} {:>10} {:>10}\n",
-        "ranks", "reports/s", "core share", "direct s", "flood s", "last s"
+        "# {:>8} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10}\n",
+        "ranks", "reports/s", "star", "tree", "direct s", "flood s", "last s"
     );
     for &n in &a.ranks {
         let (direct, flood, last) = verdict_spread(n, &c);
         out += &format!(
-            "  {:>8} | {:>10.0} {:>12.2} | {:>10.3} {:>10.3} {:>10.3}\n",
+            "  {:>8} | {:>10.0} {:>10.2} {:>10.3} | {:>10.3} {:>10.3} {:>10.3}\n",
             n,
             (n - 1) as f64 / c.window,
             report_load(n, &c),
+            report_load_tree(n, bcl_core::tree::FANOUT, &c),
             direct,
             flood,
             last

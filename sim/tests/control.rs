@@ -3,8 +3,8 @@
 
 use bcl_core::bootstrap::{Exchange, children};
 use bcl_sim::control::{
-    Constants, Rendezvous, gathered_records, rendezvous, report_limit, report_load, tree_depth,
-    verdict_spread,
+    Constants, Rendezvous, gathered_records, rendezvous, report_limit, report_load,
+    report_load_tree, tree_depth, verdict_spread,
 };
 use bcl_sim::control_report::{ControlArgs, tables};
 use clap::Parser;
@@ -87,13 +87,23 @@ fn rank_zero_s_bytes_grow_with_the_square_of_the_world_unless_the_table_goes_dow
 #[test]
 fn reports_overload_rank_zero_exactly_past_its_limit() {
     let c = Constants {
-        per_connection: 1e-3,
+        per_connection: 1e-3 - 1e-6,
+        per_window: 1e-6,
         window: 0.5,
         ..Constants::default()
     };
-    assert_eq!(report_limit(&c), 501.0);
+    assert!((report_limit(&c) - 501.0).abs() < 1e-9);
     assert!((report_load(501, &c) - 1.0).abs() < 1e-12);
     assert!(report_load(500, &c) < 1.0 && report_load(502, &c) > 1.0);
+    // Up a tree of 16, rank 0 takes 16 connections a window whatever the world, and every
+    // window: at 501 ranks, 16 ms of connections and 0.5 ms of windows per 0.5 s.
+    let tree = report_load_tree(501, 16, &c);
+    assert!(
+        (tree - (16.0 * (1e-3 - 1e-6) + 500.0 * 1e-6) / 0.5).abs() < 1e-12,
+        "{tree}"
+    );
+    // Fewer ranks than the fan-out: each is rank 0's child, the same connections as the star.
+    assert!((report_load_tree(9, 16, &c) - report_load(9, &c)).abs() < 1e-12);
 }
 
 #[test]

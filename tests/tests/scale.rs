@@ -1,10 +1,10 @@
-//! Many ranks on one machine: 64 `bcl-rank` processes (`BCL_SCALE_RANKS` for more) on this 2-core host, over shared memory
-//! and over tcp. Each must start (init within its timeout), meet in a barrier, compute a
-//! 1 MiB allreduce exactly, and, once one rank is SIGKILLed, every survivor must name that
-//! rank dead (and no other fault). What a crowd of ranks breaks first is the control plane
-//! (rank 0's store, the slow-node reports every rank sends rank 0): a false verdict shows up
-//! here as a survivor naming the wrong rank or cause. The figures (init time, resident memory,
-//! verdict latency) are printed for the record, not asserted.
+//! Many ranks on one machine: 64 `bcl-rank` processes (`BCL_SCALE_RANKS` for more) on this
+//! 2-core host, over shared memory and over tcp. Each must start (init within its timeout),
+//! meet in a barrier, compute a 1 MiB allreduce exactly, and, once one rank is SIGKILLed,
+//! every survivor must name that rank dead (and no other fault). What a crowd of ranks breaks
+//! first is the control plane (rank 0's store, the slow-node reports climbing to rank 0): a
+//! false verdict shows up here as a survivor naming the wrong rank or cause. The figures
+//! (init time, resident memory, verdict latency) are printed for the record, not asserted.
 //!
 //! Each survivor keeps its communicator 3 s after its error, as a job's teardown would. Without
 //! that, a known gap shows (about one shm run in two here): a survivor that has the verdict

@@ -392,43 +392,33 @@ mod tests {
 
     #[test]
     fn a_garbled_subtree_record_is_named_by_the_parent() {
-        let store = MemoryStore::new();
-        // Rank 1's subtree key holds garbage before rank 1 could write it; rank 0 reads it.
-        store.set("t/tree/1", b"\xff\xff\xff").expect("set");
-        let results = run(
-            Exchange::Tree,
-            TABLE_CHUNK,
-            &store,
-            2,
-            [0].into_iter(),
-            Duration::from_secs(5),
-        );
-        match &results[0].1 {
-            Err(Error::Bootstrap { rank: 0, reason }) => {
-                assert!(
-                    reason.contains("rank 1's subtree record is not valid"),
-                    "{reason}"
-                );
-            }
-            other => panic!("expected rank 0 to name rank 1's record: {other:?}"),
-        }
-        // A record that names a rank twice.
-        let store = MemoryStore::new();
+        // Rank 1's subtree key holds garbage, or a record of rank 0's, before rank 1 could
+        // write it; rank 0 reads it.
         let twice = postcard::to_stdvec(&vec![info(1), info(0)]).expect("encode");
-        store.set("t/tree/1", &twice).expect("set");
-        let results = run(
-            Exchange::Tree,
-            TABLE_CHUNK,
-            &store,
-            2,
-            [0].into_iter(),
-            Duration::from_secs(5),
-        );
-        match &results[0].1 {
-            Err(Error::Bootstrap { rank: 0, reason }) => {
-                assert!(reason.contains("rank 0's record came twice"), "{reason}");
+        for (value, named) in [
+            (
+                b"\xff\xff\xff".to_vec(),
+                "rank 1's subtree record is not valid",
+            ),
+            (twice, "rank 0's record came twice"),
+        ] {
+            let store = MemoryStore::new();
+            store.set("t/tree/1", &value).expect("set");
+            let wait = Duration::from_secs(5);
+            let results = run(
+                Exchange::Tree,
+                TABLE_CHUNK,
+                &store,
+                2,
+                [0].into_iter(),
+                wait,
+            );
+            match &results[0].1 {
+                Err(Error::Bootstrap { rank: 0, reason }) => {
+                    assert!(reason.contains(named), "{reason}");
+                }
+                other => panic!("expected rank 0 to say '{named}': {other:?}"),
             }
-            other => panic!("expected a duplicate to be named: {other:?}"),
         }
     }
 }

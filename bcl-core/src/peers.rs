@@ -50,3 +50,33 @@ pub fn label_of(peers: &[RankInfo], rank: usize) -> PeerLabel {
         .map(RankInfo::label)
         .unwrap_or_else(|| PeerLabel(format!("rank {rank}")))
 }
+
+#[cfg(test)]
+impl RankInfo {
+    /// A cpu rank alone on host "h{rank}" with no transport address, for tests; its health
+    /// port at `health`.
+    pub(crate) fn for_tests(rank: usize, health: Option<String>) -> RankInfo {
+        use bcl_backends::{DeviceCapabilities, Vendor};
+        RankInfo {
+            rank,
+            hostname: format!("h{rank}"),
+            host_id: format!("h{rank}"),
+            pid: 100 + rank as u32,
+            nic: None,
+            device: DeviceInfo {
+                vendor: Vendor::Cpu,
+                model: String::new(),
+                index: 0,
+                host_id: format!("h{rank}"),
+                capabilities: DeviceCapabilities {
+                    host_addressable: true,
+                    external_memory: false,
+                    copy_gbps: None,
+                    reduce_gbps: None,
+                },
+            },
+            address: bcl_transport::PeerAddress::new(Vec::new()).expect("an empty address"),
+            health,
+        }
+    }
+}

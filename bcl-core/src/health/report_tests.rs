@@ -7,7 +7,6 @@ use super::slow::Window;
 use super::wire::{self, Message, Purpose};
 use crate::config::HealthConfig;
 use crate::peers::RankInfo;
-use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
 use bcl_transport::Secret;
 use std::time::{Duration, Instant};
 
@@ -27,27 +26,7 @@ fn rank_one() -> (Health, Secret) {
     let health = Health::start(1, secret, "127.0.0.1".parse().expect("ip"), config).expect("start");
     let addr = health.address().expect("address").to_string();
     let peers = (0..WORLD)
-        .map(|rank| RankInfo {
-            rank,
-            hostname: "h".into(),
-            host_id: "h".into(),
-            pid: 1,
-            nic: None,
-            device: DeviceInfo {
-                vendor: Vendor::Cpu,
-                model: String::new(),
-                index: 0,
-                host_id: "h".into(),
-                capabilities: DeviceCapabilities {
-                    host_addressable: true,
-                    external_memory: false,
-                    copy_gbps: None,
-                    reduce_gbps: None,
-                },
-            },
-            address: bcl_transport::PeerAddress::new(Vec::new()).expect("address"),
-            health: Some(addr.clone()),
-        })
+        .map(|rank| RankInfo::for_tests(rank, Some(addr.clone())))
         .collect();
     let ring = (0..WORLD).collect();
     health

@@ -165,32 +165,9 @@ pub fn render(summary: &Summary, world: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
 
     fn peers(world: usize) -> Vec<RankInfo> {
-        (0..world)
-            .map(|rank| RankInfo {
-                rank,
-                hostname: format!("h{rank}"),
-                host_id: format!("h{rank}"),
-                pid: 100 + rank as u32,
-                nic: None,
-                device: DeviceInfo {
-                    vendor: Vendor::Cpu,
-                    model: String::new(),
-                    index: 0,
-                    host_id: format!("h{rank}"),
-                    capabilities: DeviceCapabilities {
-                        host_addressable: true,
-                        external_memory: false,
-                        copy_gbps: None,
-                        reduce_gbps: None,
-                    },
-                },
-                address: bcl_transport::PeerAddress::new(Vec::new()).expect("address"),
-                health: None,
-            })
-            .collect()
+        (0..world).map(|r| RankInfo::for_tests(r, None)).collect()
     }
 
     /// One window per rank of a 4-rank ring: link r-1 → r at `link(r)` GB/s, device at

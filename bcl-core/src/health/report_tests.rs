@@ -95,10 +95,11 @@ fn a_parent_keeps_its_children_s_windows_and_refuses_the_rest() {
 #[test]
 fn a_parent_holds_a_bounded_number_of_windows() {
     let (health, secret) = rank_one();
-    // Rank 1's subtree: 1, 5..=8, 21..=36: 21 ranks, at most 84 windows held.
+    // Rank 1's subtree: 1, 5..=8, 21..=36: 21 ranks, whose report may carry 84 windows; it
+    // holds 83, leaving room for its own.
     for _ in 0..30 {
         let reply = report(&health, &secret, 6, 4, &[6, 6, 6, 6]);
         assert!(matches!(reply, Some(Message::Summary(_))), "{reply:?}");
     }
-    assert_eq!(held(&health).len(), 84);
+    assert_eq!(held(&health).len(), 83);
 }

@@ -157,7 +157,8 @@ impl Inner {
             }
             return;
         }
-        let bound = self.report_limit(self.rank);
+        // Room for this rank's own window too: its report stays within its parent's limit.
+        let bound = self.report_limit(self.rank).saturating_sub(1).max(1);
         let mut relayed = self.relayed.lock();
         while relayed.len() >= bound {
             relayed.pop_front();

@@ -28,6 +28,23 @@ pub enum Exchange {
     Star,
     /// Gathered up a tree, the table published once by rank 0: about `4N` requests.
     Tree,
+    /// Gathered up the tree, the table handed down it (each rank passes it to its children
+    /// through a [`TableRelay`]): `4N` small requests, and rank 0's store sends no table.
+    Relay,
+}
+
+/// How a rank hands the table to its children and gets it from its parent, outside the store
+/// (the health port, for real; see `Health::offer_table`).
+pub trait TableRelay: Sync {
+    /// Hold `table` (the encoded records) for this rank's children to fetch.
+    fn offer(&self, table: std::sync::Arc<Vec<u8>>);
+    /// The table `parent` offers, waiting for it until `deadline`; the error says why not.
+    fn fetch(
+        &self,
+        parent: &RankInfo,
+        world: usize,
+        deadline: Instant,
+    ) -> std::result::Result<Vec<u8>, String>;
 }
 
 fn key(prefix: &str, rank: usize) -> String {
@@ -64,6 +81,8 @@ fn requests_in(exchange: Exchange, world: usize, chunk: usize) -> (u64, u64) {
             // each subtree key read once by its parent, the table by every rank but rank 0.
             (2 * n - 1 + chunks, (n - 1) + (n - 1) * chunks)
         }
+        // Each rank but rank 0 also reads its parent's own key (for its health port).
+        Exchange::Relay => (2 * n - 1, 2 * (n - 1)),
     }
 }
 
@@ -73,22 +92,33 @@ pub fn encoded_len(info: &RankInfo) -> usize {
 }
 
 /// Publish `me` and collect the infos of all `world` ranks, in rank order.
+///
+/// With a `relay` (every rank that runs a health port), the table goes down the tree through
+/// it ([`Exchange::Relay`]); without, through the store ([`Exchange::Tree`]).
 pub fn exchange(
     store: &dyn Store,
+    relay: Option<&dyn TableRelay>,
     prefix: &str,
     me: &RankInfo,
     world: usize,
     started: Instant,
     deadline: Instant,
 ) -> Result<Vec<RankInfo>> {
-    exchange_with(Exchange::Tree, store, prefix, me, world, started, deadline)
+    let how = if relay.is_some() {
+        Exchange::Relay
+    } else {
+        Exchange::Tree
+    };
+    exchange_with(how, store, relay, prefix, me, world, started, deadline)
 }
 
 /// [`exchange`] with a chosen [`Exchange`] (the star stays for comparison: `bcl-bench
 /// rendezvous`).
+#[allow(clippy::too_many_arguments)]
 pub fn exchange_with(
     how: Exchange,
     store: &dyn Store,
+    relay: Option<&dyn TableRelay>,
     prefix: &str,
     me: &RankInfo,
     world: usize,
@@ -97,6 +127,7 @@ pub fn exchange_with(
 ) -> Result<Vec<RankInfo>> {
     let step = Step {
         store,
+        relay,
         prefix,
         rank: me.rank,
         world,
@@ -125,7 +156,8 @@ impl Step<'_> {
                 }
                 infos
             }
-            Exchange::Tree => step.tree(me)?,
+            Exchange::Tree => step.tree(me, false)?,
+            Exchange::Relay => step.tree(me, true)?,
         };
         for (rank, info) in infos.iter().enumerate() {
             if info.rank != rank {
@@ -148,6 +180,7 @@ impl Step<'_> {
 /// One rank's rendezvous: what its requests share.
 struct Step<'a> {
     store: &'a dyn Store,
+    relay: Option<&'a dyn TableRelay>,
     prefix: &'a str,
     rank: usize,
     world: usize,
@@ -189,8 +222,17 @@ impl Step<'_> {
         }
     }
 
-    /// Gather this rank's subtree, publish it; rank 0 publishes the table, the others read it.
-    fn tree(&self, me: &RankInfo) -> Result<Vec<RankInfo>> {
+    /// Gather this rank's subtree, publish it; rank 0 publishes the table (in the store, or
+    /// through the relay to its children when `down`), the others read it (from the store,
+    /// or from their parent, passing it on).
+    fn tree(&self, me: &RankInfo, down: bool) -> Result<Vec<RankInfo>> {
+        let relay = match (down, self.relay) {
+            (true, Some(relay)) => Some(relay),
+            (true, None) => {
+                return Err(self.failed("the relayed rendezvous needs a relay".into()));
+            }
+            (false, _) => None,
+        };
         let mut subtree = vec![me.clone()];
         for child in children(self.rank, self.world) {
             let raw = self.get(&subtree_key(self.prefix, child))?;
@@ -204,6 +246,9 @@ impl Step<'_> {
             self.store
                 .set(&subtree_key(self.prefix, self.rank), &bytes)
                 .map_err(|e| self.failed(e.to_string()))?;
+            if let Some(relay) = relay {
+                return self.table_from_parent(relay);
+            }
             let mut table = Vec::with_capacity(self.world);
             for chunk in 0..self.world.div_ceil(self.chunk) {
                 let raw = self.get(&table_key(self.prefix, chunk))?;
@@ -237,6 +282,12 @@ impl Step<'_> {
                 info.ok_or_else(|| self.failed(format!("rank {r}'s record never came up the tree")))
             })
             .collect::<Result<_>>()?;
+        if let Some(relay) = relay {
+            let bytes = postcard::to_stdvec(&table)
+                .map_err(|e| self.failed(format!("encoding the table: {e}")))?;
+            relay.offer(std::sync::Arc::new(bytes));
+            return Ok(table);
+        }
         for (chunk, records) in table.chunks(self.chunk).enumerate() {
             let bytes = postcard::to_stdvec(records)
                 .map_err(|e| self.failed(format!("encoding the table: {e}")))?;
@@ -248,11 +299,51 @@ impl Step<'_> {
     }
 }
 
+impl Step<'_> {
+    /// The table from this rank's parent (found through its own key), passed on to this
+    /// rank's children. Past the deadline, the ranks still missing are named as by [`Self::get`].
+    fn table_from_parent(&self, relay: &dyn TableRelay) -> Result<Vec<RankInfo>> {
+        let Some(parent) = crate::tree::parent(self.rank, FANOUT) else {
+            return Err(self.failed("rank 0 has no parent to take the table from".into()));
+        };
+        let raw = self.get(&key(self.prefix, parent))?;
+        let info: RankInfo = self.decode(&raw, &format!("rank {parent}'s info"))?;
+        let bytes = match relay.fetch(&info, self.world, self.deadline) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                let missing: Vec<usize> = (0..self.world)
+                    .filter(|&r| !matches!(self.store.try_get(&key(self.prefix, r)), Ok(Some(_))))
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(Error::BootstrapTimeout {
+                        rank: self.rank,
+                        missing,
+                        waited_s: self.started.elapsed().as_secs_f64(),
+                        detail: format!(
+                            "rendezvous: the table from {} never came: {why}",
+                            info.label()
+                        ),
+                    });
+                }
+                return Err(self.failed(format!(
+                    "{} did not hand over the table: {why}",
+                    info.label()
+                )));
+            }
+        };
+        let table: Vec<RankInfo> =
+            self.decode(&bytes, &format!("the table {} handed over", info.label()))?;
+        relay.offer(std::sync::Arc::new(bytes));
+        Ok(table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
     use bcl_transport::store::MemoryStore;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
@@ -303,6 +394,54 @@ mod tests {
         }
     }
 
+    /// The tables the ranks of one test offer, by rank: a relay in memory.
+    #[derive(Default)]
+    struct Tables {
+        offered: parking_lot::Mutex<std::collections::HashMap<usize, Arc<Vec<u8>>>>,
+        changed: parking_lot::Condvar,
+        fetches: AtomicU64,
+    }
+
+    struct MemoryRelay<'a> {
+        me: usize,
+        tables: &'a Tables,
+    }
+
+    impl TableRelay for MemoryRelay<'_> {
+        fn offer(&self, table: Arc<Vec<u8>>) {
+            self.tables.offered.lock().insert(self.me, table);
+            self.tables.changed.notify_all();
+        }
+        fn fetch(
+            &self,
+            parent: &RankInfo,
+            _world: usize,
+            deadline: Instant,
+        ) -> std::result::Result<Vec<u8>, String> {
+            assert_eq!(
+                crate::tree::parent(self.me, FANOUT),
+                Some(parent.rank),
+                "rank {} fetched from a rank not its parent",
+                self.me
+            );
+            self.tables.fetches.fetch_add(1, Ordering::Relaxed);
+            let mut offered = self.tables.offered.lock();
+            loop {
+                if let Some(t) = offered.get(&parent.rank) {
+                    return Ok(t.as_ref().clone());
+                }
+                if self
+                    .tables
+                    .changed
+                    .wait_until(&mut offered, deadline)
+                    .timed_out()
+                {
+                    return Err(format!("rank {} offered nothing", parent.rank));
+                }
+            }
+        }
+    }
+
     /// Every rank of `ranks` runs the rendezvous of `world` on its own thread.
     fn run(
         how: Exchange,
@@ -312,13 +451,27 @@ mod tests {
         ranks: impl Iterator<Item = usize>,
         wait: Duration,
     ) -> Vec<(usize, Result<Vec<RankInfo>>)> {
+        run_relayed(how, chunk, store, &Tables::default(), world, ranks, wait)
+    }
+
+    fn run_relayed(
+        how: Exchange,
+        chunk: usize,
+        store: &(dyn Store + Sync),
+        tables: &Tables,
+        world: usize,
+        ranks: impl Iterator<Item = usize>,
+        wait: Duration,
+    ) -> Vec<(usize, Result<Vec<RankInfo>>)> {
         let started = Instant::now();
         std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .map(|r| {
                     s.spawn(move || {
+                        let relay = MemoryRelay { me: r, tables };
                         let step = Step {
                             store,
+                            relay: Some(&relay),
                             prefix: "t",
                             rank: r,
                             world,
@@ -341,18 +494,24 @@ mod tests {
     fn both_exchanges_give_every_rank_every_record_in_order_and_ask_what_they_say() {
         // Tables of 64 records a chunk: 290 ranks take theirs in five.
         for world in [1, 2, 3, 17, 64, 65, 290] {
-            for how in [Exchange::Star, Exchange::Tree] {
+            for how in [Exchange::Star, Exchange::Tree, Exchange::Relay] {
                 if how == Exchange::Star && world > 20 {
                     continue; // N² gets on a condvar: its count is held at the smaller sizes
                 }
                 let store = Counting::default();
-                for (r, got) in run(how, 64, &store, world, 0..world, Duration::from_secs(60)) {
+                let tables = Tables::default();
+                let wait = Duration::from_secs(60);
+                for (r, got) in run_relayed(how, 64, &store, &tables, world, 0..world, wait) {
                     let got = got.unwrap_or_else(|e| panic!("{how:?} {world}: rank {r}: {e}"));
                     assert_eq!(got.len(), world, "{how:?} {world}: rank {r}");
                     for (i, g) in got.iter().enumerate() {
                         assert_eq!(g, &info(i), "{how:?} {world}: rank {r}, record {i}");
                     }
                 }
+                // The relay: every rank but rank 0 took the table from its parent.
+                let fetched = tables.fetches.load(Ordering::Relaxed);
+                let expected = if how == Exchange::Relay { world - 1 } else { 0 };
+                assert_eq!(fetched, expected as u64, "{how:?} {world}: fetches");
                 let asked = (store.sets.into_inner(), store.gets.into_inner());
                 assert_eq!(
                     asked,
@@ -366,11 +525,14 @@ mod tests {
     #[test]
     fn a_rank_that_never_comes_is_named_by_every_other_whether_leaf_or_inner() {
         // World 40: rank 1 is inner (children 17..=32), rank 35 a leaf under rank 2.
-        for missing in [1, 35] {
+        for (missing, how) in [1, 35]
+            .into_iter()
+            .flat_map(|m| [(m, Exchange::Tree), (m, Exchange::Relay)])
+        {
             let store = MemoryStore::new();
             let world = 40;
             let results = run(
-                Exchange::Tree,
+                how,
                 TABLE_CHUNK,
                 &store,
                 world,

@@ -152,9 +152,10 @@ fn once(how: Exchange, world: usize, round: usize, device: &DeviceInfo) -> Resul
                             ready.wait();
                             let store = store.map_err(|e| format!("rank {}: {e}", me.rank))?;
                             let started = Instant::now();
-                            let table =
-                                exchange_with(how, &store, "bench", me, world, started, deadline)
-                                    .map_err(|e| e.to_string())?;
+                            let table = exchange_with(
+                                how, &store, None, "bench", me, world, started, deadline,
+                            )
+                            .map_err(|e| e.to_string())?;
                             if table.len() != world {
                                 return Err(format!("rank {}: {} records", me.rank, table.len()));
                             }

@@ -8,7 +8,7 @@
 //! counts come from `bcl_core::bootstrap::requests` (a test holds those to a store that counts
 //! what it is asked); the rest of the model is the arithmetic below.
 
-use bcl_core::bootstrap::{Exchange, FANOUT, TABLE_CHUNK, children, requests};
+use bcl_core::bootstrap::{Exchange, FANOUT, children, requests};
 
 /// Costs measured on this machine (2-core VM, loopback); `bcl-bench rendezvous` gives them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -52,17 +52,6 @@ impl Default for Constants {
     }
 }
 
-/// How the table reaches the ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rendezvous {
-    /// Built: every rank reads every key ([`Exchange::Star`]) or the table gathered up a tree
-    /// and read from rank 0's store by every rank ([`Exchange::Tree`]).
-    Store(Exchange),
-    /// Not built: the tree's gather, then each rank hands the table to its children (rank 0's
-    /// store sends it to `FANOUT` ranks instead of all).
-    TreeDown,
-}
-
 /// One server's work: requests it answers, bytes it sends, and the seconds they take.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Load {
@@ -97,40 +86,39 @@ pub fn tree_depth(world: usize) -> u32 {
 }
 
 /// Rank 0's store during one rendezvous of `world` ranks.
-pub fn rendezvous(how: Rendezvous, world: usize, c: &Constants) -> Load {
+pub fn rendezvous(how: Exchange, world: usize, c: &Constants) -> Load {
     let n = world as f64;
     // A set's reply: a length and one byte; a get's: a length and four bytes of framing
     // (variant, option, a varint length of up to three bytes) around the value.
     let (small, framing) = (5.0, 8.0);
     let (requests, bytes, extra) = match how {
-        Rendezvous::Store(Exchange::Star) => {
+        Exchange::Star => {
             let (sets, gets) = requests(Exchange::Star, world);
             let bytes = sets as f64 * small + gets as f64 * (c.record + framing);
             (sets + gets, bytes, 0.0)
         }
-        Rendezvous::Store(Exchange::Tree) => {
+        Exchange::Tree => {
             let (sets, gets) = requests(Exchange::Tree, world);
             let table = (n - 1.0) * n * c.record;
             let up = gathered_records(world) * c.record;
             let bytes = sets as f64 * small + up + table + gets as f64 * framing;
             (sets + gets, bytes, 0.0)
         }
-        Rendezvous::TreeDown => {
-            // The store: own keys, subtree keys, their reads, and the table to rank 0's
-            // children. Then each level's parents send the table to their children one after
-            // another: depth × FANOUT tables on the longest path.
-            let (sets, _) = requests(Exchange::Tree, world);
-            let sets = sets - world.div_ceil(TABLE_CHUNK) as u64;
+        Exchange::Relay => {
+            // The store: own keys, subtree keys and their reads, each rank's read of its
+            // parent's key. Rank 0's health port: the table to each of its children. Then
+            // each level's parents send the table to their children, one level after another.
+            let (sets, gets) = requests(Exchange::Relay, world);
             let to_children = children(0, world).count() as f64;
-            let requests = sets + (world as u64 - 1) + to_children as u64;
             let up = gathered_records(world) * c.record;
             let table = n * c.record;
+            let store = sets as f64 * small + up + gets as f64 * (c.record + framing);
             let down =
-                f64::from(tree_depth(world).saturating_sub(1)) * FANOUT as f64 * table * c.per_byte;
+                f64::from(tree_depth(world)) * to_children.min(FANOUT as f64) * table * c.per_byte;
             (
-                requests,
-                sets as f64 * small + up + to_children * table,
-                down,
+                sets + gets,
+                store + to_children * table,
+                down - to_children * table * c.per_byte,
             )
         }
     };

@@ -1,8 +1,7 @@
 //! `bcl-sim control`: the control plane's tables per scale, from [`crate::control`].
 
 use crate::control::{
-    Constants, Rendezvous, rendezvous, report_limit, report_load, report_load_tree, tree_depth,
-    verdict_spread,
+    Constants, rendezvous, report_limit, report_load, report_load_tree, tree_depth, verdict_spread,
 };
 use bcl_core::bootstrap::Exchange;
 use clap::Parser;
@@ -89,7 +88,7 @@ pub fn tables(a: &ControlArgs) -> Result<String, String> {
         c.dial * 1e6,
         c.hop * 1e6
     );
-    out += "#\n# rendezvous through rank 0's store (tree-down: not built)\n";
+    out += "#\n# rendezvous: rank 0's store (and, relayed, its health port handing the table to its children)\n";
     out += &format!(
         "# {:>8} {:>5} | {:>14} {:>11} {:>11} | {:>10} {:>11} {:>9} | {:>10} {:>8}\n",
         "ranks",
@@ -100,13 +99,13 @@ pub fn tables(a: &ControlArgs) -> Result<String, String> {
         "tree req",
         "tree MB",
         "tree s",
-        "down MB",
-        "down s"
+        "relay MB",
+        "relay s"
     );
     for &n in &a.ranks {
-        let star = rendezvous(Rendezvous::Store(Exchange::Star), n, &c);
-        let tree = rendezvous(Rendezvous::Store(Exchange::Tree), n, &c);
-        let down = rendezvous(Rendezvous::TreeDown, n, &c);
+        let star = rendezvous(Exchange::Star, n, &c);
+        let tree = rendezvous(Exchange::Tree, n, &c);
+        let down = rendezvous(Exchange::Relay, n, &c);
         out += &format!(
             "  {:>8} {:>5} | {:>14.0} {:>11.1} {:>11.1} | {:>10.0} {:>11.1} {:>9.2} | {:>10.1} {:>8.2}\n",
             n,

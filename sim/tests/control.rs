@@ -3,8 +3,8 @@
 
 use bcl_core::bootstrap::{Exchange, children};
 use bcl_sim::control::{
-    Constants, Rendezvous, gathered_records, rendezvous, report_limit, report_load,
-    report_load_tree, tree_depth, verdict_spread,
+    Constants, gathered_records, rendezvous, report_limit, report_load, report_load_tree,
+    tree_depth, verdict_spread,
 };
 use bcl_sim::control_report::{ControlArgs, tables};
 use clap::Parser;
@@ -41,11 +41,11 @@ fn requests_and_bytes_follow_the_closed_forms() {
     let c = Constants::default();
     for n in [2usize, 64, 1000, 10_000] {
         let nf = n as f64;
-        let star = rendezvous(Rendezvous::Store(Exchange::Star), n, &c);
+        let star = rendezvous(Exchange::Star, n, &c);
         assert_eq!(star.requests, nf + nf * nf, "{n}");
         // Replies: a set's 5 bytes; a get's, the record in 8 bytes of framing.
         assert_eq!(star.bytes, nf * 5.0 + nf * nf * (c.record + 8.0), "{n}");
-        let tree = rendezvous(Rendezvous::Store(Exchange::Tree), n, &c);
+        let tree = rendezvous(Exchange::Tree, n, &c);
         let chunks = n.div_ceil(4096) as f64;
         assert_eq!(
             tree.requests,
@@ -63,22 +63,19 @@ fn requests_and_bytes_follow_the_closed_forms() {
 }
 
 #[test]
-fn rank_zero_s_bytes_grow_with_the_square_of_the_world_unless_the_table_goes_down_the_tree() {
+fn rank_zero_s_bytes_grow_with_the_square_of_the_world_unless_the_table_is_relayed() {
     let c = Constants::default();
     let bytes = |how, n| rendezvous(how, n, &c).bytes;
-    for how in [
-        Rendezvous::Store(Exchange::Star),
-        Rendezvous::Store(Exchange::Tree),
-    ] {
+    for how in [Exchange::Star, Exchange::Tree] {
         let ratio = bytes(how, 20_000) / bytes(how, 10_000);
         assert!((3.9..4.1).contains(&ratio), "{how:?}: x{ratio}");
     }
-    let ratio = bytes(Rendezvous::TreeDown, 20_000) / bytes(Rendezvous::TreeDown, 10_000);
-    assert!((1.9..2.5).contains(&ratio), "tree-down: x{ratio}");
+    let ratio = bytes(Exchange::Relay, 20_000) / bytes(Exchange::Relay, 10_000);
+    assert!((1.9..2.5).contains(&ratio), "relay: x{ratio}");
     // And the tree asks far fewer requests than the star from a few ranks on.
     for n in [64, 1024, 10_000] {
-        let star = rendezvous(Rendezvous::Store(Exchange::Star), n, &c);
-        let tree = rendezvous(Rendezvous::Store(Exchange::Tree), n, &c);
+        let star = rendezvous(Exchange::Star, n, &c);
+        let tree = rendezvous(Exchange::Tree, n, &c);
         assert!(tree.requests * 10.0 < star.requests, "{n}");
         assert!(tree.seconds < star.seconds, "{n}");
     }

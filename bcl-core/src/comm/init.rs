@@ -399,7 +399,20 @@ fn assemble(
     let (config, opened) = open(rank, secret, builder)?;
     let deadline = started + config.init_timeout;
     let me = opened.record(rank);
-    let peers = bootstrap::exchange(store, &config.store_prefix, &me, world, started, deadline)?;
+    // The table goes down the gathering tree through the health ports (none when off).
+    let relay = opened
+        .health
+        .address()
+        .map(|_| &opened.health as &dyn bootstrap::TableRelay);
+    let peers = bootstrap::exchange(
+        store,
+        relay,
+        &config.store_prefix,
+        &me,
+        world,
+        started,
+        deadline,
+    )?;
     finish(config, opened, secret, peers, started, deadline)
 }
 

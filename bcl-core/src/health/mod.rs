@@ -32,6 +32,7 @@ mod report_tests;
 mod service;
 pub mod slow;
 mod state;
+mod table;
 mod verdict;
 pub(crate) mod wire;
 
@@ -80,6 +81,8 @@ impl Health {
             detector: Mutex::new(None),
             summary: Mutex::new(slow::Summary::default()),
             relayed: Mutex::new(std::collections::VecDeque::new()),
+            table: Mutex::new(None),
+            table_ready: parking_lot::Condvar::new(),
             post: Default::default(),
             rank,
             secret,

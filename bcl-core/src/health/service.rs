@@ -298,6 +298,7 @@ pub(super) fn handshake(
             )),
         }),
         Purpose::Report { windows } => report(inner, &mut stream, peer, windows),
+        Purpose::Table { wait_ms } => super::table::serve(inner, &mut stream, peer, wait_ms),
         Purpose::Agree => wire::receive(&mut stream).and_then(|m| {
             let reply = super::membership::serve(inner, peer, m);
             wire::send(&mut stream, &reply)

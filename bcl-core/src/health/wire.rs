@@ -44,6 +44,9 @@ pub enum Purpose {
     /// One membership message follows (a shrink proposal or a new communicator's address);
     /// the reply is `Accepted` or `ExcludedYou`.
     Agree,
+    /// The rendezvous: a child in the gathering tree asks for the table of every rank's
+    /// record, waiting up to `wait_ms` for it; the reply is `TablePart`s, or `Abandoned`.
+    Table { wait_ms: u64 },
 }
 
 /// What a rank saw when it tried to reach another one.
@@ -88,7 +91,15 @@ pub enum Message {
     ExcludedYou(Vec<u32>),
     /// The receiver's shrink failed (the reason): the sender's will not complete either.
     Abandoned(String),
+    /// A piece of the rendezvous table (at most [`TABLE_PART`] bytes); `last` ends it.
+    TablePart {
+        bytes: Vec<u8>,
+        last: bool,
+    },
 }
+
+/// The bytes of the rendezvous table one message carries, well within [`MAX_MESSAGE`].
+pub const TABLE_PART: usize = 48 << 10;
 
 /// `message` framed, ready to write.
 pub fn encode(message: &Message) -> io::Result<Vec<u8>> {

@@ -112,6 +112,11 @@ impl CommBuilder {
         check_rank(rank, world)?;
         let (server, store) = self.root_store(rank, id, rank == 0, vec![0], "rank 0")?;
         let mut comm = self.join_store(rank, world, Arc::new(store), id.secret)?;
+        if let Some(server) = &server {
+            // The control plane's load at rank 0 (docs/scale.md): `BCL_LOG=bcl_core=debug`.
+            let (requests, reply_bytes) = server.served();
+            tracing::debug!(rank, world, requests, reply_bytes, "rank 0's store after init");
+        }
         comm._store_server = server;
         Ok(comm)
     }

@@ -202,15 +202,20 @@ impl Step<'_> {
         postcard::from_bytes(raw).map_err(|e| self.failed(format!("{what} is not valid: {e}")))
     }
 
+    /// The ranks whose own key is not in the store (yet).
+    fn missing(&self) -> Vec<usize> {
+        (0..self.world)
+            .filter(|&r| !matches!(self.store.try_get(&key(self.prefix, r)), Ok(Some(_))))
+            .collect()
+    }
+
     /// The value of `key`, waiting until the deadline; past it, an error naming every rank
     /// whose own key is still missing (whichever key this rank was waiting for).
     fn get(&self, key_: &str) -> Result<Vec<u8>> {
         match self.store.get(key_, self.deadline) {
             Ok(raw) => Ok(raw),
             Err(StoreError::Timeout { store: name, .. }) => {
-                let missing = (0..self.world)
-                    .filter(|&r| !matches!(self.store.try_get(&key(self.prefix, r)), Ok(Some(_))))
-                    .collect();
+                let missing = self.missing();
                 Err(Error::BootstrapTimeout {
                     rank: self.rank,
                     missing,
@@ -311,9 +316,7 @@ impl Step<'_> {
         let bytes = match relay.fetch(&info, self.world, self.deadline) {
             Ok(bytes) => bytes,
             Err(why) => {
-                let missing: Vec<usize> = (0..self.world)
-                    .filter(|&r| !matches!(self.store.try_get(&key(self.prefix, r)), Ok(Some(_))))
-                    .collect();
+                let missing = self.missing();
                 if !missing.is_empty() {
                     return Err(Error::BootstrapTimeout {
                         rank: self.rank,

@@ -115,7 +115,13 @@ impl CommBuilder {
         if let Some(server) = &server {
             // The control plane's load at rank 0 (docs/scale.md): `BCL_LOG=bcl_core=debug`.
             let (requests, reply_bytes) = server.served();
-            tracing::debug!(rank, world, requests, reply_bytes, "rank 0's store after init");
+            tracing::debug!(
+                rank,
+                world,
+                requests,
+                reply_bytes,
+                "rank 0's store after init"
+            );
         }
         comm._store_server = server;
         Ok(comm)

@@ -227,17 +227,13 @@ impl Step<'_> {
         }
     }
 
-    /// Gather this rank's subtree, publish it; rank 0 publishes the table (in the store, or
-    /// through the relay to its children when `down`), the others read it (from the store,
-    /// or from their parent, passing it on).
+    /// Gather this rank's subtree, publish it; rank 0 publishes the table, the others read
+    /// it. When `down`, a rank with a relay takes the table from its parent's and offers it
+    /// to its children; rank 0 publishes it in the store too only if some rank runs no
+    /// health port (`BCL_HEALTH=off` there), and such a rank, or a rank whose parent is one,
+    /// reads the store's table.
     fn tree(&self, me: &RankInfo, down: bool) -> Result<Vec<RankInfo>> {
-        let relay = match (down, self.relay) {
-            (true, Some(relay)) => Some(relay),
-            (true, None) => {
-                return Err(self.failed("the relayed rendezvous needs a relay".into()));
-            }
-            (false, _) => None,
-        };
+        let relay = if down { self.relay } else { None };
         let mut subtree = vec![me.clone()];
         for child in children(self.rank, self.world) {
             let raw = self.get(&subtree_key(self.prefix, child))?;
@@ -251,15 +247,16 @@ impl Step<'_> {
             self.store
                 .set(&subtree_key(self.prefix, self.rank), &bytes)
                 .map_err(|e| self.failed(e.to_string()))?;
-            if let Some(relay) = relay {
-                return self.table_from_parent(relay);
+            if let Some(relay) = relay
+                && let Some(table) = self.table_from_parent(relay)?
+            {
+                return Ok(table);
             }
-            let mut table = Vec::with_capacity(self.world);
-            for chunk in 0..self.world.div_ceil(self.chunk) {
-                let raw = self.get(&table_key(self.prefix, chunk))?;
-                let records: Vec<RankInfo> =
-                    self.decode(&raw, &format!("chunk {chunk} of rank 0's table"))?;
-                table.extend(records);
+            let table = self.store_table()?;
+            if let Some(relay) = relay {
+                let bytes = postcard::to_stdvec(&table)
+                    .map_err(|e| self.failed(format!("encoding the table: {e}")))?;
+                relay.offer(std::sync::Arc::new(bytes));
             }
             return Ok(table);
         }
@@ -291,7 +288,9 @@ impl Step<'_> {
             let bytes = postcard::to_stdvec(&table)
                 .map_err(|e| self.failed(format!("encoding the table: {e}")))?;
             relay.offer(std::sync::Arc::new(bytes));
-            return Ok(table);
+            if table.iter().all(|r| r.health.is_some()) {
+                return Ok(table);
+            }
         }
         for (chunk, records) in table.chunks(self.chunk).enumerate() {
             let bytes = postcard::to_stdvec(records)
@@ -302,17 +301,33 @@ impl Step<'_> {
         }
         Ok(table)
     }
+
+    /// The table rank 0 published in the store.
+    fn store_table(&self) -> Result<Vec<RankInfo>> {
+        let mut table = Vec::with_capacity(self.world);
+        for chunk in 0..self.world.div_ceil(self.chunk) {
+            let raw = self.get(&table_key(self.prefix, chunk))?;
+            let records: Vec<RankInfo> =
+                self.decode(&raw, &format!("chunk {chunk} of rank 0's table"))?;
+            table.extend(records);
+        }
+        Ok(table)
+    }
 }
 
 impl Step<'_> {
     /// The table from this rank's parent (found through its own key), passed on to this
-    /// rank's children. Past the deadline, the ranks still missing are named as by [`Self::get`].
-    fn table_from_parent(&self, relay: &dyn TableRelay) -> Result<Vec<RankInfo>> {
+    /// rank's children; `None` when the parent runs no health port (the store's table then).
+    /// Past the deadline, the ranks still missing are named as by [`Self::get`].
+    fn table_from_parent(&self, relay: &dyn TableRelay) -> Result<Option<Vec<RankInfo>>> {
         let Some(parent) = crate::tree::parent(self.rank, FANOUT) else {
             return Err(self.failed("rank 0 has no parent to take the table from".into()));
         };
         let raw = self.get(&key(self.prefix, parent))?;
         let info: RankInfo = self.decode(&raw, &format!("rank {parent}'s info"))?;
+        if info.health.is_none() {
+            return Ok(None);
+        }
         let bytes = match relay.fetch(&info, self.world, self.deadline) {
             Ok(bytes) => bytes,
             Err(why) => {
@@ -337,7 +352,7 @@ impl Step<'_> {
         let table: Vec<RankInfo> =
             self.decode(&bytes, &format!("the table {} handed over", info.label()))?;
         relay.offer(std::sync::Arc::new(bytes));
-        Ok(table)
+        Ok(Some(table))
     }
 }
 
@@ -522,6 +537,53 @@ mod tests {
                     "{how:?} {world}: (sets, gets)"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn ranks_without_a_health_port_take_the_store_s_table_beside_relayed_ones() {
+        // Ranks 3, 10, 17, ... (rank 1's child 17 among them), then rank 0 too, run no
+        // health port: no relay, and a record that says so.
+        let world = 40;
+        let offs: [&(dyn Fn(usize) -> bool + Sync); 2] = [&|r| r % 7 == 3, &|r| r % 7 == 0];
+        for off in offs {
+            let record = |r: usize| {
+                let mut i = info(r);
+                if off(r) {
+                    i.health = None;
+                }
+                i
+            };
+            let (store, tables) = (MemoryStore::new(), Tables::default());
+            let started = Instant::now();
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..world)
+                    .map(|r| {
+                        let (store, tables, record) = (&store, &tables, &record);
+                        s.spawn(move || {
+                            let relay = MemoryRelay { me: r, tables };
+                            let relay: Option<&dyn TableRelay> =
+                                if off(r) { None } else { Some(&relay) };
+                            let step = Step {
+                                store,
+                                relay,
+                                prefix: "t",
+                                rank: r,
+                                world,
+                                chunk: 16,
+                                started,
+                                deadline: started + Duration::from_secs(30),
+                            };
+                            (r, step.exchange(Exchange::Relay, &record(r)))
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    let (r, got) = h.join().expect("rank thread");
+                    let got = got.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+                    assert_eq!(got, (0..world).map(record).collect::<Vec<_>>(), "rank {r}");
+                }
+            });
         }
     }
 

@@ -2,13 +2,14 @@
 //! within the init deadline; a rank that never arrives is named.
 //!
 //! The store is served by one process (rank 0's for the tcp store), so what matters at scale
-//! is how many requests it answers. Reading every rank's key from every rank ([`Exchange::Star`],
-//! the first design) costs it `N + N²` requests: 10⁸ at 10k ranks. [`Exchange::Tree`] gathers
-//! the records up a `FANOUT`-ary tree of ranks (each rank reads its children's subtree keys
-//! and publishes its own subtree's records), and rank 0 publishes the whole table once, in
-//! chunks; every other rank reads the chunks: about `4N` requests in all. The bytes the store
-//! sends stay `N²` records (each rank needs every record: it connects to every peer), so past
-//! about 10k ranks the store's bandwidth, not its request rate, bounds a rendezvous
+//! is what it answers. Reading every rank's key from every rank ([`Exchange::Star`], the first
+//! design) costs it `N + N²` requests: 10⁸ at 10k ranks. [`Exchange::Tree`] gathers the
+//! records up a `FANOUT`-ary tree of ranks (each rank reads its children's subtree keys and
+//! publishes its own subtree's records) and rank 0 publishes the whole table once, in chunks,
+//! for every other rank to read: about `4N` requests, but still `N²` records sent (each rank
+//! needs every record: it connects to every peer). [`Exchange::Relay`], what a communicator
+//! uses, hands the table back down the tree instead, each rank to its children through a
+//! [`TableRelay`] (the health port), so that rank 0 sends it to `FANOUT` ranks
 //! (docs/scale.md, `bcl-sim control`).
 
 use crate::error::{Error, Result};

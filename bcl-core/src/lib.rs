@@ -29,6 +29,7 @@ pub mod agreement;
 pub mod bootstrap;
 mod comm;
 pub mod config;
+mod cpus;
 mod error;
 mod exec;
 #[doc(hidden)]

@@ -92,12 +92,11 @@ pub(super) struct LineScratch {
 /// Where the gathering stands, for the waiter.
 struct Gathering<'s> {
     pending: &'s [usize],
-    last_progress: Instant,
 }
 
 impl Awaiting for Gathering<'_> {
-    fn last_progress(&self) -> Instant {
-        self.last_progress
+    fn last_progress(&self) -> Option<Instant> {
+        None
     }
 
     fn waiting_on(&self) -> Vec<usize> {
@@ -128,8 +127,9 @@ pub(super) fn run(
     op: Signature,
     bindings: Bindings<'_>,
 ) -> Result<()> {
-    shared.health.op_started(op, "ll");
-    let outcome = gather_and_reduce(shared, transport, scratch, op, bindings);
+    let started = Instant::now();
+    shared.health.op_started_at(op, "ll", started);
+    let outcome = gather_and_reduce(shared, transport, scratch, op, bindings, started);
     let bytes = scratch.slots.len() / shared.world.max(1);
     let peers = (0..shared.world)
         .filter(|&p| p != shared.rank)
@@ -152,6 +152,7 @@ fn gather_and_reduce(
     scratch: &mut LineScratch,
     op: Signature,
     bindings: Bindings<'_>,
+    started: Instant,
 ) -> Result<()> {
     let (rank, world) = (shared.rank, shared.world);
     let Bindings { input, output, .. } = bindings;
@@ -182,8 +183,7 @@ fn gather_and_reduce(
         .ok_or_else(no_lines)?
         .post(pending, stamp, &slots[rank * slot..][..slot])
         .map_err(|e| exec_error(shared, ExecError::Transport(e), op))?;
-    let mut waiter = Waiter::new(shared);
-    let mut last_progress = Instant::now();
+    let mut waiter = Waiter::starting_at(shared, started);
     while !pending.is_empty() {
         if shared.health.faulted() {
             return Err(fault_error(shared, shared.health.verdict(), op));
@@ -214,13 +214,9 @@ fn gather_and_reduce(
         }
         if moved {
             waiter.moved();
-            last_progress = Instant::now();
             continue;
         }
-        let mut state = Gathering {
-            pending,
-            last_progress,
-        };
+        let mut state = Gathering { pending };
         if !waiter.idle(shared, &mut state, transport, op)? {
             continue;
         }

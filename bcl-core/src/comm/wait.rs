@@ -24,7 +24,9 @@ pub(super) const SLEEP: Duration = Duration::from_millis(2);
 /// What a waiting operation tells the waiter: when it last moved, whom it waits for, and
 /// whether one of them is gone.
 pub(super) trait Awaiting {
-    fn last_progress(&self) -> Instant;
+    /// When it last moved; `None`: as the waiter saw it (its first idle round since the last
+    /// [`Waiter::moved`]), which spares a clock read per move.
+    fn last_progress(&self) -> Option<Instant>;
     /// The peers whose data this rank waits for.
     fn waiting_on(&self) -> Vec<usize>;
     /// The peers this rank cannot send to yet.
@@ -34,8 +36,8 @@ pub(super) trait Awaiting {
 }
 
 impl Awaiting for Executor<'_> {
-    fn last_progress(&self) -> Instant {
-        self.last_progress
+    fn last_progress(&self) -> Option<Instant> {
+        Some(self.last_progress)
     }
 
     fn waiting_on(&self) -> Vec<usize> {
@@ -63,7 +65,7 @@ pub(super) struct Polling {
 
 /// The polling of a rank whose host runs `local_ranks` ranks.
 pub(super) fn polling(configured: Option<Duration>, local_ranks: usize) -> Polling {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::cpus::for_ranks();
     Polling {
         window: configured.unwrap_or(SPIN_BEFORE_SLEEP),
         yielding: local_ranks > cores,
@@ -85,7 +87,12 @@ pub(super) struct Waiter {
 
 impl Waiter {
     pub(super) fn new(shared: &Shared) -> Self {
-        let started = Instant::now();
+        Self::starting_at(shared, Instant::now())
+    }
+
+    /// The waiting of an operation that started at `started` (a clock read the caller made
+    /// anyway: on this VM one costs a tenth of a small call over shared memory).
+    pub(super) fn starting_at(shared: &Shared, started: Instant) -> Self {
         Waiter {
             polling: shared.polling,
             started,
@@ -122,7 +129,7 @@ impl Waiter {
             let waited = (exec.waiting_on(), exec.blocked_sends());
             return Err(timeout_error(shared, waited, signature, self.started));
         }
-        let last_progress = exec.last_progress();
+        let last_progress = exec.last_progress().unwrap_or(self.idle_since);
         let stalled = now.saturating_duration_since(last_progress);
         if stalled >= self.hang_timeout && self.investigated.is_none_or(|at| at < last_progress) {
             self.investigated = Some(now);

@@ -294,7 +294,12 @@ impl Health {
 
     /// The data path starts `op` (run with `algorithm`).
     pub fn op_started(&self, op: Signature, algorithm: &'static str) {
-        let now = self.inner.micros();
+        self.op_started_at(op, algorithm, Instant::now());
+    }
+
+    /// [`Health::op_started`], at `at` (a clock read the data path made anyway).
+    pub fn op_started_at(&self, op: Signature, algorithm: &'static str, at: Instant) {
+        let now = self.inner.micros_at(at);
         if !op.collective.is_point_to_point() && slow::entry_sampled(op.seq) {
             let at = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

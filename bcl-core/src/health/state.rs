@@ -181,7 +181,12 @@ impl Inner {
     }
 
     pub(super) fn micros(&self) -> u64 {
-        self.created.elapsed().as_micros() as u64
+        self.micros_at(Instant::now())
+    }
+
+    /// Microseconds from the health layer's start to `at`.
+    pub(super) fn micros_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.created).as_micros() as u64
     }
 
     pub(super) fn peers(&self) -> &[RankInfo] {

@@ -95,6 +95,18 @@ pub mod measured {
 /// fast or faster at every size (4 MiB-256 MiB, 5 alternations), so larger worlds keep them all.
 pub const ONE_CONNECTION_FROM: usize = 32 << 20;
 
+/// The operation size up to which every message of an operation goes over one connection
+/// per peer (`schedule::connections_per_peer`), whatever the collective: spread over two, the
+/// messages of consecutive small operations alternate sockets, and the receiver pays a poll(2)
+/// to find the readable one on every arrival. Measured on this project's test VM (Intel Xeon,
+/// 2 vCPUs) on 2026-12-05, the baselines' harness (barrier, then one timed allreduce), tcp,
+/// `BCL_SOCKETS_PER_PEER=1` against 2, medians of 5 interleaved rounds, µs: 2 ranks 8 B 4.21 /
+/// 5.20, 1 KiB 4.68 / 5.68, 16 KiB 9.09 / 9.79, 64 KiB 23.19 / 24.16, 256 KiB 62.46 / 64.27,
+/// 1 MiB 239.31 / 239.12; 4 ranks (2 per core) 16 KiB 48.56 / 57.04, 64 KiB 76.67 / 81.46,
+/// 256 KiB 185.93 / 189.86, 1 MiB 1172.81 / 680.04 (bimodal for both; one connection was slow
+/// in 4 of 5 rounds there), 8 B and 1 KiB within the rounds' noise.
+pub const ONE_CONNECTION_UP_TO: usize = 256 << 10;
+
 /// The allreduce size from which ranks of one host whose devices reduce at different speeds
 /// run the hierarchical plan (a direct reduce-scatter in shares proportional to speed, then a
 /// direct allgather) instead of the flat choice. Measured on this project's test VM on
@@ -733,10 +745,10 @@ mod tests {
     }
 
     /// Large allreduces of the two ranks of one host over TCP go over one connection per
-    /// peer; everything else (smaller, other collectives, more ranks, other hosts, shared
-    /// memory) keeps all of them.
+    /// peer, and so does every small operation; everything else (mid sizes, other
+    /// collectives, more ranks, other hosts, shared memory) keeps all of them.
     #[test]
-    fn one_connection_only_for_a_large_allreduce_between_two_ranks_of_one_host() {
+    fn one_connection_for_small_operations_and_a_large_allreduce_between_two_ranks_of_one_host() {
         use crate::schedule::{Collective, connections_per_peer};
         use bcl_backends::ReduceOp;
         let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
@@ -752,6 +764,21 @@ mod tests {
             None
         );
         assert_eq!(connections_per_peer(allreduce, 16 << 20, pair), None);
+        // Small operations: one connection, whatever the collective and the fabric.
+        for small in [0, 8, ONE_CONNECTION_UP_TO] {
+            for f in [pair, fabric(4, false, true), fabric(8, false, false)] {
+                assert_eq!(
+                    connections_per_peer(allreduce, small, f),
+                    Some(1),
+                    "{small} B"
+                );
+                assert_eq!(connections_per_peer(Collective::Barrier, small, f), Some(1));
+            }
+        }
+        assert_eq!(
+            connections_per_peer(allreduce, ONE_CONNECTION_UP_TO + 1, fabric(4, false, true)),
+            None
+        );
         for other in [
             fabric(4, false, true),
             fabric(2, false, false),

@@ -388,11 +388,15 @@ pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm
 }
 
 /// Over how many of its connections to each peer a transport spreads the messages of
-/// `collective` over `bytes` (`None`: all it has): one for a large allreduce between the two
-/// ranks of one host over TCP ([`cost::ONE_CONNECTION_FROM`]), all of them otherwise.
+/// `collective` over `bytes` (`None`: all it has): one for a small operation
+/// ([`cost::ONE_CONNECTION_UP_TO`]) and for a large allreduce between the two ranks of one
+/// host over TCP ([`cost::ONE_CONNECTION_FROM`]), all of them otherwise.
 /// Pure, like [`select`]; only the sender acts on it, so ranks need not agree.
 pub fn connections_per_peer(collective: Collective, bytes: usize, fabric: Fabric) -> Option<usize> {
     let loopback_pair = fabric.world == 2 && fabric.one_host && !fabric.all_shared_memory;
+    if bytes <= cost::ONE_CONNECTION_UP_TO {
+        return Some(1);
+    }
     match collective {
         Collective::AllReduce { .. } if loopback_pair && bytes >= cost::ONE_CONNECTION_FROM => {
             Some(1)

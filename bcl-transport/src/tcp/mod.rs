@@ -157,6 +157,12 @@ pub struct TcpTransport {
     /// How many of a peer's connections messages are spread over (`None`: all of them), as
     /// set by [`Transport::limit_connections`].
     connections_in_use: Option<usize>,
+    /// The message a caller last asked for and did not find: (peer, tag). A progress round
+    /// reads its socket first and skips the poll(2) when that read brings bytes.
+    wanted: Option<(usize, Tag)>,
+    /// Progress rounds in a row that skipped the poll(2): bounded, so that the other sockets
+    /// are read while one keeps bringing bytes.
+    polls_skipped: u32,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -172,7 +178,58 @@ impl std::fmt::Debug for TcpTransport {
 
 const POOL_LIMIT: usize = 256;
 
+/// Progress rounds in a row that may skip the poll(2) because the wanted socket was drained.
+const MAX_POLLS_SKIPPED: u32 = 8;
+
+/// What a progress round's first read, of the wanted message's socket, found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstRead {
+    Nothing,
+    /// Bytes up to the socket's end: no poll(2) this round.
+    Drained,
+    /// Other bytes: the round polls and reads on as usual.
+    Bytes,
+    /// A long frame's header on (peer, connection): its caller takes the payload next round.
+    Held((usize, usize)),
+}
+
 impl TcpTransport {
+    /// One read of the socket the wanted message travels on (the sender's choice for its tag,
+    /// if the sender spreads as this rank does), where it has no held frame.
+    fn read_wanted(&mut self) -> Result<FirstRead, TransportError> {
+        let Some((peer, tag)) = self.wanted else {
+            return Ok(FirstRead::Nothing);
+        };
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(FirstRead::Nothing);
+        };
+        let width = self
+            .connections_in_use
+            .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
+        let c = (tag % width.max(1) as u64) as usize;
+        let Some(conn) = p.conns.get_mut(c) else {
+            return Ok(FirstRead::Nothing);
+        };
+        if conn.closed || conn.held.is_some() {
+            return Ok(FirstRead::Nothing);
+        }
+        let read = conn
+            .read_some(&mut self.pool, &mut self.inbox, peer)
+            .map_err(|e| e.naming(peer, &p.addr))?;
+        Ok(match read {
+            // Drained: short frames came whole (often the wanted one, or the next operation's
+            // on the same socket while `wanted` still names this one's).
+            ReadOutcome::Short => FirstRead::Drained,
+            ReadOutcome::Full => FirstRead::Bytes,
+            ReadOutcome::Held => FirstRead::Held((peer, c)),
+            ReadOutcome::Empty => FirstRead::Nothing,
+            ReadOutcome::Closed => {
+                conn.closed = true;
+                FirstRead::Nothing
+            }
+        })
+    }
+
     /// Listen on `config.bind_ip`, an ephemeral port.
     pub fn bind(config: TcpConfig) -> Result<Self, TransportError> {
         let (listener, address) = connect::listen(config.bind_ip, "a TCP listener")?;
@@ -196,6 +253,8 @@ impl TcpTransport {
             connections_in_use: None,
             readable: Default::default(),
             wait_fds: Vec::new(),
+            wanted: None,
+            polls_skipped: 0,
         })
     }
 
@@ -475,6 +534,7 @@ impl Transport for TcpTransport {
                 addr: p.addr.clone(),
             });
         }
+        self.wanted = Some((peer, tag));
         Ok(None)
     }
 
@@ -516,6 +576,7 @@ impl Transport for TcpTransport {
                 addr: p.addr.clone(),
             });
         }
+        self.wanted = Some((peer, tag));
         Ok(Landing::Pending)
     }
 
@@ -529,16 +590,35 @@ impl Transport for TcpTransport {
         let mut moved = false;
         // With several sockets, one zero-timeout poll(2) finds the readable ones: a read
         // attempt on each would cost a system call per socket per round while waiting.
-        let open = self
-            .peers
-            .values()
-            .flat_map(|p| &p.conns)
-            .filter(|c| !c.closed);
-        let checked = open.clone().count() > 1;
-        if checked {
+        let open = |peers: &KeyMap<usize, Peer>| {
+            peers
+                .values()
+                .flat_map(|p| &p.conns)
+                .filter(|c| !c.closed)
+                .count()
+        };
+        let checked = open(&self.peers) > 1;
+        // The socket of the message the caller waits for, read before anything else: where
+        // that drains it (short frames), this round skips the poll(2) (a system call on every
+        // arrival: 2 ranks, 8 B, tcp, one socket per peer took 4.3 µs where two took 5.2). The
+        // other sockets are read in a later round, at most `MAX_POLLS_SKIPPED` rounds on. Bytes
+        // of a long message do not skip it: a stream spread over several sockets would stall
+        // on the ones left unread (1 MiB, 4 ranks: 658 -> 968 µs when they did).
+        let mut first = FirstRead::Nothing;
+        if checked && self.polls_skipped < MAX_POLLS_SKIPPED {
+            first = self.read_wanted()?;
+            moved |= first != FirstRead::Nothing;
+        }
+        let skip_poll = first == FirstRead::Drained;
+        if skip_poll {
+            self.polls_skipped += 1;
+        } else if checked {
+            self.polls_skipped = 0;
             self.readable.clear();
-            for conn in open {
-                self.readable.push(conn.stream.as_raw_fd());
+            for conn in self.peers.values().flat_map(|p| &p.conns) {
+                if !conn.closed {
+                    self.readable.push(conn.stream.as_raw_fd());
+                }
             }
             self.readable
                 .check()
@@ -549,8 +629,8 @@ impl Transport for TcpTransport {
         }
         let mut index = 0;
         for (&peer, p) in self.peers.iter_mut() {
-            for conn in p.conns.iter_mut().filter(|c| !c.closed) {
-                let readable = !checked || self.readable.readable(index);
+            for (c, conn) in p.conns.iter_mut().enumerate().filter(|(_, c)| !c.closed) {
+                let readable = !skip_poll && (!checked || self.readable.readable(index));
                 index += 1;
                 if !conn.out.is_empty() {
                     let n = flush(conn, &mut self.pool).map_err(|source| TransportError::Io {
@@ -562,9 +642,9 @@ impl Transport for TcpTransport {
                     moved |= n > 0;
                 }
                 // A held frame's caller reads it; one that was not taken since the last round
-                // goes the ordinary way.
+                // goes the ordinary way (one held by this round's first read waits a round).
                 if let Some(held) = &mut conn.held {
-                    if held.claimed {
+                    if held.claimed || first == FirstRead::Held((peer, c)) {
                         held.claimed = false;
                         continue;
                     }

@@ -136,3 +136,56 @@ fn a_peer_that_leaves_after_its_last_frame_is_lost_only_once_the_frame_is_read()
         Err(TransportError::PeerClosed { peer: 0, .. })
     ));
 }
+
+/// A round that drains the socket of the message the receiver waits for skips the poll(2),
+/// and so leaves the other sockets for a later round: the first round brings the wanted
+/// socket's frames only, and the other socket's frame comes within
+/// `MAX_POLLS_SKIPPED` + 1 rounds even while the wanted socket keeps bringing more.
+#[test]
+fn the_wanted_socket_is_read_first_and_the_others_still_come() {
+    let (mut a, mut b) = pair(2, 1 << 20);
+    // Tags 0 and 2 travel on the first connection, tag 1 on the second.
+    for tag in [1u64, 0, 2] {
+        assert!(a.try_send(1, tag, &[tag as u8; 8]).expect("send"));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(b.try_recv(0, 0).expect("receive").is_none());
+    b.progress().expect("progress");
+    let first = b
+        .try_recv(0, 0)
+        .expect("receive")
+        .expect("the wanted frame");
+    assert_eq!(first.data, vec![0u8; 8]);
+    assert!(
+        b.try_recv(0, 1).expect("receive").is_none(),
+        "the round that drained the wanted socket should not have read the other"
+    );
+    b.progress().expect("progress");
+    assert_eq!(
+        b.try_recv(0, 1).expect("receive").expect("tag 1").data,
+        vec![1u8; 8]
+    );
+    assert_eq!(
+        b.try_recv(0, 2).expect("receive").expect("tag 2").data,
+        vec![2u8; 8]
+    );
+
+    // The wanted socket never runs dry: the other socket's frame still comes.
+    assert!(a.try_send(1, 11, &[11u8; 8]).expect("send"));
+    let mut rounds = 0;
+    let other = loop {
+        assert!(a.try_send(1, 10, &[10u8; 8]).expect("send"));
+        std::thread::sleep(Duration::from_millis(5));
+        let _ = b.try_recv(0, 10).expect("receive");
+        b.progress().expect("progress");
+        rounds += 1;
+        if let Some(m) = b.try_recv(0, 11).expect("receive") {
+            break m;
+        }
+        assert!(
+            rounds <= MAX_POLLS_SKIPPED + 1,
+            "the other socket's frame waited {rounds} rounds"
+        );
+    };
+    assert_eq!(other.data, vec![11u8; 8]);
+}

@@ -87,6 +87,7 @@ mod tests {
     #[test]
     fn this_process_counts_at_least_one_cpu() {
         assert!(for_ranks() >= 1);
-        assert!(allowed(&std::fs::read_to_string("/proc/self/status").unwrap()).is_some());
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        assert!(allowed(&status).is_some());
     }
 }

@@ -28,6 +28,7 @@ fn tcp(rank: usize, config: &CommConfig, secret: Secret) -> Result<TcpTransport>
     tcp.bind_ip = config.bind_ip;
     tcp.sockets_per_peer = config.sockets_per_peer;
     tcp.socket_buffer = config.socket_buffer;
+    tcp.congestion = config.tcp_congestion.clone();
     tcp.max_frame = tcp.max_frame.max(config.slice_bytes);
     TcpTransport::bind(tcp).map_err(|e| Error::Bootstrap {
         rank,

@@ -14,7 +14,8 @@ pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 impl CommConfig {
     /// This config with the `BCL_*` overrides found through `get` applied:
     /// `BCL_DEVICE`, `BCL_DEVICE_PLUGIN`, `BCL_TRANSPORT`, `BCL_SOCKETS_PER_PEER`,
-    /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_RDMA_DEVICE`,
+    /// `BCL_SOCKET_BUFFER`, `BCL_SOCKETS_PER_OP` (auto, or a number), `BCL_TCP_CONGESTION` (auto,
+    /// or a name), `BCL_RDMA_DEVICE`,
     /// `BCL_RDMA_QPS`, `BCL_RDMA_TCP_FAILOVER` (on, off),
     /// `BCL_BIND_IP`, `BCL_INIT_TIMEOUT_S`, `BCL_TIMEOUT_S`, `BCL_SLICE_BYTES`, `BCL_ALGO`
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
@@ -55,6 +56,15 @@ impl CommConfig {
             self.sockets_per_op = match v.trim() {
                 "auto" => None,
                 n => Some(SOCKETS.parse("BCL_SOCKETS_PER_OP", n)?),
+            };
+        }
+        if let Some(v) = get("BCL_TCP_CONGESTION") {
+            self.tcp_congestion = match v.trim() {
+                "auto" => None,
+                name => {
+                    super::check_congestion("BCL_TCP_CONGESTION", name)?;
+                    Some(name.to_string())
+                }
             };
         }
         if let Some(v) = get("BCL_RDMA_DEVICE") {
@@ -185,6 +195,17 @@ mod tests {
                 .map(|c| c.sockets_per_op)
         };
         assert_eq!(forced("1").expect("1"), Some(1));
+        let congestion = |v: &str| {
+            CommConfig::default()
+                .with_env(&env(&[("BCL_TCP_CONGESTION", v)]))
+                .map(|c| c.tcp_congestion)
+        };
+        assert_eq!(congestion("reno").expect("reno"), Some("reno".to_string()));
+        assert_eq!(congestion("auto").expect("auto"), None);
+        for bad in ["", "cubic;reno", "a-name-far-too-long", "c ubic"] {
+            let e = congestion(bad).expect_err(bad);
+            assert!(e.to_string().contains("BCL_TCP_CONGESTION"), "{e}");
+        }
         assert_eq!(forced("auto").expect("auto"), None);
         let e = forced("all").expect_err("not a number");
         assert!(e.to_string().contains("BCL_SOCKETS_PER_OP='all'"), "{e}");

@@ -147,6 +147,10 @@ pub struct CommConfig {
     /// Over how many of a peer's connections an operation spreads its messages, instead of
     /// choosing by size (`schedule::connections_per_peer`); `None`: choose.
     pub sockets_per_op: Option<usize>,
+    /// The TCP congestion control of every connection (`BCL_TCP_CONGESTION`); `None`: loopback
+    /// connections that the system would pace (BBR) run cubic, the rest the system's
+    /// (`bcl_transport::tcp::LOOPBACK_CONGESTION`).
+    pub tcp_congestion: Option<String>,
     /// The RDMA device to use ("mlx5_0", "rxe0"), or several separated by commas ("mlx5_0,mlx5_1":
     /// the queue pairs to each peer spread over them); `None`: the first with an active port.
     pub rdma_device: Option<String>,
@@ -208,6 +212,7 @@ impl Default for CommConfig {
             sockets_per_peer: 2,
             socket_buffer: 4 << 20,
             sockets_per_op: None,
+            tcp_congestion: None,
             rdma_device: None,
             rdma_qps: 1,
             rdma_tcp_failover: true,
@@ -244,6 +249,9 @@ impl CommConfig {
         if let Some(n) = self.sockets_per_op {
             SOCKETS.check("CommConfig::sockets_per_op", n)?;
         }
+        if let Some(name) = &self.tcp_congestion {
+            check_congestion("CommConfig::tcp_congestion", name)?;
+        }
         TIMEOUT.check("CommConfig::init_timeout", self.init_timeout)?;
         TIMEOUT.check("CommConfig::op_timeout", self.op_timeout)?;
         SLICE_BYTES.check("CommConfig::slice_bytes", self.slice_bytes)?;
@@ -264,6 +272,23 @@ impl CommConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// A TCP congestion control name as the kernel takes it: 1 to 15 ASCII letters, digits, `_`
+/// or `-` (`TCP_CA_NAME_MAX` is 16 with the NUL).
+pub(crate) fn check_congestion(what: &str, name: &str) -> Result<()> {
+    let ok = (1..=15).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{what}='{name}' is not a TCP congestion control name (such as cubic, reno, bbr; \
+             or auto)"
+        )))
     }
 }
 

@@ -78,7 +78,16 @@ pub(super) fn connect_all(
     let mut sockets = Vec::new();
     let mut dial_error = None;
     for (peer, sa) in outbound {
-        match dial(sa, &secret, local_rank, peer, 0, deadline, AUTH_CONTEXT) {
+        match dial(
+            sa,
+            &secret,
+            local_rank,
+            peer,
+            0,
+            deadline,
+            AUTH_CONTEXT,
+            crate::tcp::connect::Congestion::System,
+        ) {
             Ok(s) => sockets.push((peer, s)),
             Err(e) => {
                 dial_error = Some(e);

@@ -189,3 +189,54 @@ fn the_wanted_socket_is_read_first_and_the_others_still_come() {
     };
     assert_eq!(other.data, vec![11u8; 8]);
 }
+
+/// The congestion control each connection of `t` runs, as the kernel names it.
+fn congestion_of(t: &TcpTransport) -> Vec<String> {
+    t.peers
+        .values()
+        .flat_map(|p| &p.conns)
+        .map(|c| {
+            let raw = socket2::SockRef::from(&c.stream)
+                .tcp_congestion()
+                .expect("TCP_CONGESTION");
+            let name = raw.split(|&b| b == 0).next().unwrap_or(&raw);
+            String::from_utf8_lossy(name).into_owned()
+        })
+        .collect()
+}
+
+/// A named congestion control reaches every connection; unnamed, loopback connections never
+/// pace (whatever the system's default); a name the kernel does not know fails the endpoint
+/// with an error that names it.
+#[test]
+fn connections_run_the_congestion_control_asked_for_and_never_pace_on_loopback() {
+    let endpoint = |congestion: Option<&str>| {
+        let mut c = TcpConfig::new(Secret([6; 16]));
+        c.congestion = congestion.map(str::to_string);
+        TcpTransport::bind(c).expect("bind")
+    };
+    let (mut a, mut b) = (endpoint(Some("reno")), endpoint(Some("reno")));
+    crate::testing::connect_pair(&mut a, &mut b);
+    for t in [&a, &b] {
+        let names = congestion_of(t);
+        assert_eq!(names.len(), 2);
+        assert!(names.iter().all(|n| n == "reno"), "{names:?}");
+    }
+    let (mut a, mut b) = (endpoint(None), endpoint(None));
+    crate::testing::connect_pair(&mut a, &mut b);
+    for t in [&a, &b] {
+        let names = congestion_of(t);
+        assert!(
+            names.iter().all(|n| !PACING.contains(&n.as_str())),
+            "{names:?}"
+        );
+    }
+    let mut c = TcpConfig::new(Secret([6; 16]));
+    c.congestion = Some("nosuchcc".into());
+    let e = TcpTransport::bind(c).expect_err("an unknown algorithm");
+    let text = e.to_string();
+    assert!(
+        text.contains("nosuchcc") && text.contains("BCL_TCP_CONGESTION"),
+        "{text}"
+    );
+}

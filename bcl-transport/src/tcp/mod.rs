@@ -185,7 +185,7 @@ pub struct TcpTransport {
     /// set by [`Transport::limit_connections`].
     connections_in_use: Option<usize>,
     /// The message a caller last asked for and did not find: (peer, tag). A progress round
-    /// reads its socket first and skips the poll(2) when that read brings bytes.
+    /// reads its socket first and skips the poll(2) when that read drains it.
     wanted: Option<(usize, Tag)>,
     /// Progress rounds in a row that skipped the poll(2): bounded, so that the other sockets
     /// are read while one keeps bringing bytes.

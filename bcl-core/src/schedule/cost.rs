@@ -127,7 +127,7 @@ pub const MIXED_SPEEDS_DIRECT_FROM: usize = 1 << 20;
 /// 81.3 against 86.2 µs, and in the baselines' harness (barrier, then one timed allreduce; 6
 /// interleaved rounds, `mpirun -np 4 --oversubscribe --bind-to none -x BCL_ALGO=rd|hd`)
 /// 32 KiB 55.6-61.8 against 66.7-85.8 µs (6 of 6), 64 KiB 76.8-120.4 against 91.7-148.9
-/// (5 of 6), 16 KiB a draw (medians 58.5 against 53.7). Per step the model charges the
+/// (5 of 6), 16 KiB a draw (medians 57.8 against 53.7). Per step the model charges the
 /// same α whatever the message size, and a step of a whole 32 KiB buffer costs more on
 /// loopback TCP than two of 16 KiB; with one α that cannot be fitted, hence this measured
 /// threshold. Only power-of-two worlds: elsewhere halving-doubling's pairing round moves

@@ -70,10 +70,10 @@ pub struct TcpConfig {
 /// What a loopback connection runs where the system's default congestion control paces its
 /// sends. BBR paces each connection at the rate it has estimated, and on loopback, where no
 /// link needs pacing, that estimate is whatever the connection's first round trips gave: a
-/// 2-rank 1 MiB allreduce ran at 236-447 µs from one launch to the next under BBR and at
-/// 237-239 (then 260-262, the VM's slower state) under cubic, 6 launches of each alternating
+/// 2-rank 1 MiB allreduce ran at 239-447 µs from one launch to the next under BBR and at
+/// 237-281 (then 260-262, the VM's slower state) under cubic, 6 launches of each alternating
 /// with the system default switched (2026-12-05, Intel Xeon VM; OpenMPI, whose sockets take
-/// the default, 394 against 280-284). `perf` put the slow launches' extra time in
+/// the default, 394 against 279-284). `perf` put the slow launches' extra time in
 /// `tcp_write_xmit`'s pacing timer.
 pub const LOOPBACK_CONGESTION: [&str; 2] = ["cubic", "reno"];
 
@@ -205,6 +205,14 @@ impl std::fmt::Debug for TcpTransport {
 
 const POOL_LIMIT: usize = 256;
 
+/// The connection, of a peer's `conns`, that carries `tag` when messages are spread over
+/// `in_use` of them (`None`: all): the sender's choice, which the receiver repeats to read the
+/// wanted message's socket first. `conns` is at least 1.
+fn connection_for(tag: Tag, conns: usize, in_use: Option<usize>) -> usize {
+    let width = in_use.map_or(conns, |n| n.clamp(1, conns)).max(1);
+    (tag % width as u64) as usize
+}
+
 /// Progress rounds in a row that may skip the poll(2) because the wanted socket was drained.
 const MAX_POLLS_SKIPPED: u32 = 8;
 
@@ -230,10 +238,7 @@ impl TcpTransport {
         let Some(p) = self.peers.get_mut(&peer) else {
             return Ok(FirstRead::Nothing);
         };
-        let width = self
-            .connections_in_use
-            .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
-        let c = (tag % width.max(1) as u64) as usize;
+        let c = connection_for(tag, p.conns.len(), self.connections_in_use);
         let Some(conn) = p.conns.get_mut(c) else {
             return Ok(FirstRead::Nothing);
         };
@@ -268,11 +273,7 @@ impl TcpTransport {
             config.bind_ip.is_loopback(),
         )
         .map_err(|source| TransportError::Setup {
-            what: format!(
-                "the TCP congestion control '{}' (BCL_TCP_CONGESTION) of a TCP listener on {}",
-                config.congestion.as_deref().unwrap_or("auto"),
-                config.bind_ip
-            ),
+            what: format!("{congestion} of a TCP listener on {}", config.bind_ip),
             source,
         })?;
         let capabilities = Capabilities {
@@ -518,11 +519,9 @@ impl Transport for TcpTransport {
             self.pool.push(buf);
             return Ok(false);
         }
-        let width = self
-            .connections_in_use
-            .map_or(p.conns.len(), |n| n.clamp(1, p.conns.len()));
         // One tag, one socket: its messages arrive in order (the Transport contract).
-        let conn = &mut p.conns[(tag % width as u64) as usize];
+        let c = connection_for(tag, p.conns.len(), self.connections_in_use);
+        let conn = &mut p.conns[c];
         if conn.closed {
             self.pool.push(buf);
             return Err(TransportError::PeerClosed {
@@ -633,17 +632,11 @@ impl Transport for TcpTransport {
         let mut moved = false;
         // With several sockets, one zero-timeout poll(2) finds the readable ones: a read
         // attempt on each would cost a system call per socket per round while waiting.
-        let open = |peers: &KeyMap<usize, Peer>| {
-            peers
-                .values()
-                .flat_map(|p| &p.conns)
-                .filter(|c| !c.closed)
-                .count()
-        };
-        let checked = open(&self.peers) > 1;
+        let open = self.peers.values().flat_map(|p| &p.conns);
+        let checked = open.filter(|c| !c.closed).count() > 1;
         // The socket of the message the caller waits for, read before anything else: where
         // that drains it (short frames), this round skips the poll(2) (a system call on every
-        // arrival: 2 ranks, 8 B, tcp, one socket per peer took 4.3 µs where two took 5.2). The
+        // arrival: 2 ranks, 8 B, tcp, one socket per peer took 4.2 µs where two took 5.2). The
         // other sockets are read in a later round, at most `MAX_POLLS_SKIPPED` rounds on. Bytes
         // of a long message do not skip it: a stream spread over several sockets would stall
         // on the ones left unread (1 MiB, 4 ranks: 658 -> 968 µs when they did).

@@ -188,6 +188,16 @@ impl Transport for Routes {
         self.part(peer).try_send(peer, tag, data)
     }
 
+    fn try_send_filled(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Result<Option<bool>, TransportError> {
+        self.part(peer).try_send_filled(peer, tag, len, fill)
+    }
+
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {
         self.part(peer).try_recv(peer, tag)
     }

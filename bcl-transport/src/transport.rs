@@ -151,6 +151,22 @@ pub trait Transport: Send + fmt::Debug {
     /// Queue `data` to `peer` under `tag`. `Ok(false)`: back-pressure, nothing was queued.
     fn try_send(&mut self, peer: usize, tag: Tag, data: &[u8]) -> Result<bool, TransportError>;
 
+    /// Queue a message of `len` bytes to `peer` under `tag` whose bytes `fill` writes straight
+    /// into memory the transport owns (the shm ring), so that a device copies its data there
+    /// with no pass through a host buffer of the caller's. `Ok(None)`: this transport, or this
+    /// message, is not filled in place (send it with `try_send`). `Ok(Some(false))`:
+    /// back-pressure, or `fill` answered false; nothing was queued either way.
+    fn try_send_filled(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Result<Option<bool>, TransportError> {
+        let _ = (peer, tag, len, fill);
+        Ok(None)
+    }
+
     /// The next message from `peer` under `tag`, if it has fully arrived.
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError>;
 

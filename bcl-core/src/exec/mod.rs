@@ -19,7 +19,7 @@ pub use clock::{Clock, WallClock};
 pub use memory::{Bindings, Memory};
 pub use stats::{Measurements, PeerBytes};
 
-use crate::schedule::{Action, Plan};
+use crate::schedule::{Action, Plan, Region};
 use crate::signature::Signature;
 use bcl_backends::{Accelerator, DataType, DeviceError, Download, ReduceOp, Stream};
 use bcl_transport::{Landing, LoanId, Tag, Transport, TransportError};
@@ -411,8 +411,13 @@ impl<'p> Executor<'p> {
                         sent
                     }
                     None => {
-                        let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
-                        self.signatures.send(transport, ctx, peer, tag, bytes)?
+                        match self.send_from_device(transport, memory, ctx, peer, tag, *from)? {
+                            Some(sent) => sent,
+                            None => {
+                                let bytes = memory.read(*from, esize, ctx, &mut self.staging)?;
+                                self.signatures.send(transport, ctx, peer, tag, bytes)?
+                            }
+                        }
                     }
                 };
                 if sent {
@@ -457,6 +462,42 @@ impl<'p> Executor<'p> {
                 memory.divide(*region, esize, ctx)?;
                 Ok(true)
             }
+        }
+    }
+
+    /// Send `from`, which lies on a device that copies synchronously, by copying it off the
+    /// device straight into the transport's memory (the shm ring): one pass over the bytes
+    /// where staging them in host memory first took two. `Ok(None)`: not this way (host
+    /// memory, a device that downloads ahead, or a transport that does not fill in place).
+    fn send_from_device(
+        &mut self,
+        transport: &mut dyn Transport,
+        memory: &Bindings<'_>,
+        ctx: &OpContext<'_>,
+        peer: usize,
+        tag: u32,
+        from: Region,
+    ) -> Result<Option<bool>, ExecError> {
+        if self.downloads_ahead != Some(false) {
+            return Ok(None);
+        }
+        let Some(slice) = memory.device_slice(from, ctx.dtype.size()) else {
+            return Ok(None);
+        };
+        let mut failed = None;
+        let mut fill = |dest: &mut [u8]| {
+            let copied = ctx
+                .accelerator
+                .copy_to_host(dest, slice, &ctx.stream)
+                .and_then(|()| ctx.accelerator.synchronize(&ctx.stream));
+            copied.map_err(|e| failed = Some(e)).is_ok()
+        };
+        let sent = self
+            .signatures
+            .send_filled(transport, ctx, peer, tag, slice.len, &mut fill)?;
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(sent),
         }
     }
 

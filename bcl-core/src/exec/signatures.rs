@@ -95,6 +95,28 @@ impl SignatureExchange {
         Ok(transport.try_send(peer, ctx.tag(tag), bytes)?)
     }
 
+    /// Send one message of the plan whose `len` bytes `fill` writes into the transport's own
+    /// memory (see `Transport::try_send_filled`). `Ok(None)`: not filled in place (the
+    /// transport does not, or the message is small enough to ride with the signature): send
+    /// it with [`SignatureExchange::send`].
+    pub(super) fn send_filled(
+        &mut self,
+        transport: &mut dyn Transport,
+        ctx: &OpContext<'_>,
+        peer: usize,
+        tag: u32,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Result<Option<bool>, ExecError> {
+        if self.state[peer] & TO_SEND != 0 && len <= BUNDLE_MAX {
+            return Ok(None);
+        }
+        if !self.signature_ahead(transport, ctx, peer)? {
+            return Ok(Some(false));
+        }
+        Ok(transport.try_send_filled(peer, ctx.tag(tag), len, fill)?)
+    }
+
     /// Send the signature on its own to `peer` if it has not gone yet. Returns whether the
     /// plan's messages may follow (`false`: back-pressure, try again later).
     fn signature_ahead(

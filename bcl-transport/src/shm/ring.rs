@@ -292,6 +292,38 @@ impl Producer {
         self.push_record(tag, &loan, FLAG_LAST | FLAG_LOAN);
     }
 
+    /// Write one whole message of `len` bytes as a record whose bytes `fill` writes in place
+    /// (not yet visible to the consumer). The caller checked `room(len)`. When `fill` answers
+    /// false nothing stays pushed and the answer is false.
+    pub fn push_filled(
+        &mut self,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> bool {
+        let before = self.tail;
+        let size = RECORD_HEADER + pad16(len);
+        let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));
+        if size > to_end {
+            self.write_header(0, to_end - RECORD_HEADER, FLAG_SKIP);
+            self.tail += to_end as u64;
+        }
+        debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
+        let at = self.tail as usize & (self.capacity - 1);
+        // SAFETY: as in `write_header`: free space behind the record's header, which the
+        // consumer reads only once `publish` has stored the tail past it.
+        let dest = unsafe { self.seg.slice_mut(DATA + at + RECORD_HEADER, len) };
+        if !fill(dest) {
+            // Nothing past the published tail is seen: moving back unpushes it (and the skip).
+            self.tail = before;
+            return false;
+        }
+        self.write_header(tag, len, FLAG_LAST);
+        self.tail += size as u64;
+        self.unpublished = true;
+        true
+    }
+
     fn push_record(&mut self, tag: Tag, fragment: &[u8], flags: u32) {
         let size = RECORD_HEADER + pad16(fragment.len());
         let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));

@@ -161,6 +161,22 @@ impl Segment {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
     }
 
+    /// The `len` bytes at `offset`, lent to this side to write in place (a device copies a
+    /// message straight into the ring).
+    ///
+    /// # Safety
+    /// As for [`Segment::write`], for as long as the borrow lasts: the range is this side's
+    /// free space, which no other process reads or writes until this side publishes it, and
+    /// this side makes no other borrow of it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        let p = self.at(offset, len, 1);
+        // SAFETY: the range is inside the mapping (checked by `at`), which outlives the borrow
+        // of `self`; it is this side's alone until published (the caller's contract), so the
+        // borrow is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+
     /// The `len` bytes at `offset`, borrowed in place.
     ///
     /// # Safety

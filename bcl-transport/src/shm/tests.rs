@@ -136,6 +136,59 @@ fn a_full_ring_answers_not_now_until_drained() {
 }
 
 #[test]
+fn a_message_filled_in_place_arrives_whole_and_a_refused_fill_leaves_nothing() {
+    let (mut a, mut b) = pair(64 << 10);
+    let pattern = |i: usize| (i * 7 % 251) as u8;
+    // Sizes that wrap the 64 KiB ring (a skip record before some) and one of an odd length.
+    for (k, len) in [20_000usize, 30_000, 12_345, 30_000, 1]
+        .into_iter()
+        .enumerate()
+    {
+        let tag = k as Tag;
+        // A refused fill first: nothing may reach the peer, not even a skip record.
+        let refused = a
+            .try_send_filled(1, tag, len, &mut |dest| {
+                dest.fill(0xee);
+                false
+            })
+            .expect("refused fill");
+        assert_eq!(refused, Some(false), "a refused fill is not sent");
+        let sent = a
+            .try_send_filled(1, tag, len, &mut |dest| {
+                assert_eq!(dest.len(), len, "the fill is given the message's length");
+                dest.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, b)| *b = pattern(i));
+                true
+            })
+            .expect("fill");
+        assert_eq!(sent, Some(true), "message {k} of {len} bytes");
+        let got = recv_blocking(&mut b, 0, tag);
+        assert!(
+            got.len() == len && got.iter().enumerate().all(|(i, b)| *b == pattern(i)),
+            "message {k} arrived changed"
+        );
+    }
+    assert!(
+        b.try_recv(0, 0).expect("recv").is_none(),
+        "a refused fill arrived"
+    );
+    // More than one record: filled by `try_send` instead.
+    assert_eq!(
+        a.try_send_filled(1, 9, 40 << 10, &mut |_| panic!("not filled in place"))
+            .expect("large"),
+        None
+    );
+    // A full ring: not now, and the fill is not asked.
+    while a.try_send(1, 1, &[5u8; 16 << 10]).expect("send") {}
+    assert_eq!(
+        a.try_send_filled(1, 2, 16 << 10, &mut |_| panic!("no room to fill"))
+            .expect("full"),
+        Some(false)
+    );
+}
+
+#[test]
 fn a_parked_receiver_is_woken_by_a_send() {
     let (mut a, mut b) = pair(64 << 10);
     let started = Instant::now();

@@ -131,6 +131,8 @@ struct NetState {
     sent_to: Vec<usize>,
     faults: Faults,
     next_order: u64,
+    /// Messages sent through `try_send_filled`.
+    filled: usize,
 }
 
 /// The network of one test world.
@@ -166,9 +168,15 @@ impl Net {
                 sent_to: vec![0; world],
                 faults,
                 next_order: 0,
+                filled: 0,
             })),
             clock,
         }
+    }
+
+    /// How many messages were filled in place (see `Endpoint::try_send_filled`).
+    pub fn filled(&self) -> usize {
+        self.state.lock().filled
     }
 
     pub fn endpoint(&self, rank: usize) -> Endpoint {
@@ -285,6 +293,37 @@ impl Transport for Endpoint {
             order,
         });
         Ok(true)
+    }
+
+    /// Every other message of a link is filled in place, as the shm ring does, so the
+    /// executor's sends from device memory run both ways.
+    fn try_send_filled(
+        &mut self,
+        peer: usize,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Result<Option<bool>, TransportError> {
+        self.check(peer)?;
+        {
+            let s = self.net.state.lock();
+            // Not a draw: the seeds' delays stay as they were.
+            let sent = s.sent.get(&(self.rank, peer)).copied().unwrap_or(0);
+            if sent % 2 == 0 {
+                return Ok(None);
+            }
+            let queued = s.queued.get(&(self.rank, peer)).copied().unwrap_or(0);
+            if queued > 0 && queued + len > s.window {
+                return Ok(Some(false));
+            }
+        }
+        let mut data = vec![0; len];
+        if !fill(&mut data) {
+            return Ok(Some(false));
+        }
+        let sent = self.try_send(peer, tag, &data)?;
+        self.net.state.lock().filled += usize::from(sent);
+        Ok(Some(sent))
     }
 
     fn try_recv(&mut self, peer: usize, tag: Tag) -> Result<Option<Received>, TransportError> {

@@ -126,7 +126,7 @@ fn describe(outcome: &Outcome) -> String {
 
 #[test]
 fn every_collective_and_algorithm_over_many_seeds() {
-    let mut runs = 0;
+    let (mut runs, mut filled) = (0, 0);
     for seed in seeds() {
         let mut rng = Rng::new(seed);
         for (collective, algorithm) in kinds() {
@@ -144,9 +144,14 @@ fn every_collective_and_algorithm_over_many_seeds() {
                 panic!("{wrong}\n{replay}");
             }
             runs += 1;
+            filled += outcome.filled;
         }
     }
     assert!(runs >= kinds().len(), "ran {runs} cases");
+    assert!(
+        filled > 0,
+        "no send from device memory was filled in place in {runs} cases"
+    );
 }
 
 #[test]

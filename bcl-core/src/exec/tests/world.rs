@@ -43,6 +43,8 @@ pub struct Outcome {
     pub blocked_sends: Vec<Vec<usize>>,
     /// Each rank's output buffer afterwards (the one buffer, in place).
     pub outputs: Vec<Vec<u8>>,
+    /// Messages the transport had filled in place (from device memory).
+    pub filled: usize,
 }
 
 /// The collective rank `rank` calls for `case` (send/recv: rank 0 sends to the last rank).
@@ -164,7 +166,12 @@ fn run_ranks(cases: &[&Case], seed: u64, faults: Faults, stalled: Option<usize>)
     let outputs = (memory.iter_mut().zip(&devices))
         .map(|(m, acc)| m.output_bytes(acc.as_ref()))
         .collect();
-    Outcome { outputs, ..outcome }
+    let filled = net.filled();
+    Outcome {
+        outputs,
+        filled,
+        ..outcome
+    }
 }
 
 /// Rank `r`'s plan for `case`.
@@ -363,6 +370,7 @@ fn drive(
         done,
         errors,
         outputs: Vec::new(),
+        filled: 0,
     }
 }
 

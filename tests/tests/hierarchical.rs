@@ -113,11 +113,13 @@ fn two_hosts_of_two() {
 }
 
 /// Slices of 256 bytes: many slices per share, so phase 2 of a slice overlaps phase 1 of
-/// the next over the real transports.
+/// the next over the real transports; every slice single copy (`BCL_SINGLE_COPY_BYTES=1`):
+/// phase 1's sends are lent, so an owner reading a slice its sender has already overwritten
+/// would show.
 #[test]
 fn two_hosts_of_four() {
     let _serial = one_at_a_time();
-    let small = [("BCL_SLICE_BYTES", "256")];
+    let small = [("BCL_SLICE_BYTES", "256"), ("BCL_SINGLE_COPY_BYTES", "1")];
     suite(&[4, 4], "hier-ring", "hier-ring", &small, 29633);
     suite(&[4, 4], "auto", "hier-", &[], 29634);
 }

@@ -280,11 +280,14 @@ pub(crate) fn allreduce(
                 });
             }
         } else if len > 0 {
+            // Lent: the owner copies the slice out of this rank's memory as it reduces it
+            // (2 × 4 namespace hosts, 16 MiB: 86 -> 81 ms, 6 of 6 rounds; lending phase 3's
+            // results as well measured the same, so they stay in the ring).
             b.push(Action::Send {
                 peer: owner,
                 tag,
                 from: Region::new(source, at, len),
-                lend: false,
+                lend: true,
             });
         }
     }

@@ -15,6 +15,7 @@
 # host, each shaped to RATE; a host's rank l binds to NIC l % NICS (a NIC per rail), or every
 # rank to NIC k with the pseudo-setting +NIC=k (the rails sharing one NIC of the same hosts).
 #
+# BENCH: another bcl-bench build (default target/release/bcl-bench).
 # Needs root, iproute2 and sch_tbf. OUT (default /tmp/hier-bench) receives each run's JSON,
 # the medians (one JSON per algorithm, for `bcl-bench plot`) and summary.md.
 set -euo pipefail
@@ -29,7 +30,7 @@ iters=${ITERS:-5}
 coll=${COLL:-allreduce}
 warmup=${WARMUP:-1}
 out=${OUT:-/tmp/hier-bench}
-bench=target/release/bcl-bench
+bench=${BENCH:-target/release/bcl-bench}
 [ -x "$bench" ] || cargo build --release --locked -p bcl-bench
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/summary.md

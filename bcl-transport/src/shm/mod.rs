@@ -512,19 +512,16 @@ impl Transport for ShmTransport {
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Result<Option<bool>, TransportError> {
-        let Some(p) = self.peers.get(peer).and_then(Option::as_ref) else {
-            return Err(TransportError::UnknownPeer { peer });
-        };
-        // Larger than one record: it goes through `try_send`'s pooled buffer in fragments.
-        if len > p.out.max_fragment() {
-            return Ok(None);
-        }
         if !self.may_send(peer, len)? {
             return Ok(Some(false));
         }
         let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
             return Err(TransportError::UnknownPeer { peer });
         };
+        // Larger than one record: it goes through `try_send`'s pooled buffer in fragments.
+        if len > p.out.max_fragment() {
+            return Ok(None);
+        }
         if p.out.room(len) < len || !p.out.push_filled(tag, len, fill) {
             return Ok(Some(false));
         }

@@ -302,14 +302,7 @@ impl Producer {
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> bool {
         let before = self.tail;
-        let size = RECORD_HEADER + pad16(len);
-        let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));
-        if size > to_end {
-            self.write_header(0, to_end - RECORD_HEADER, FLAG_SKIP);
-            self.tail += to_end as u64;
-        }
-        debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
-        let at = self.tail as usize & (self.capacity - 1);
+        let at = self.place(len);
         // SAFETY: as in `write_header`: free space behind the record's header, which the
         // consumer reads only once `publish` has stored the tail past it.
         let dest = unsafe { self.seg.slice_mut(DATA + at + RECORD_HEADER, len) };
@@ -318,25 +311,34 @@ impl Producer {
             self.tail = before;
             return false;
         }
-        self.write_header(tag, len, FLAG_LAST);
-        self.tail += size as u64;
-        self.unpublished = true;
+        self.end_record(tag, len, FLAG_LAST);
         true
     }
 
     fn push_record(&mut self, tag: Tag, fragment: &[u8], flags: u32) {
-        let size = RECORD_HEADER + pad16(fragment.len());
+        let at = self.place(fragment.len());
+        // SAFETY: as in `write_header`: free space behind the record's header.
+        unsafe { self.seg.write(DATA + at + RECORD_HEADER, fragment) };
+        self.end_record(tag, fragment.len(), flags);
+    }
+
+    /// Where a record of `len` bytes starts: the tail, after a skip record where it would not
+    /// fit before the end of the ring.
+    fn place(&mut self, len: usize) -> usize {
+        let size = RECORD_HEADER + pad16(len);
         let to_end = self.capacity - (self.tail as usize & (self.capacity - 1));
         if size > to_end {
             self.write_header(0, to_end - RECORD_HEADER, FLAG_SKIP);
             self.tail += to_end as u64;
         }
         debug_assert!(size <= self.capacity - (self.tail - self.head_seen) as usize);
-        self.write_header(tag, fragment.len(), flags);
-        let at = self.tail as usize & (self.capacity - 1);
-        // SAFETY: as in `write_header`: free space behind the record's header.
-        unsafe { self.seg.write(DATA + at + RECORD_HEADER, fragment) };
-        self.tail += size as u64;
+        self.tail as usize & (self.capacity - 1)
+    }
+
+    /// Head the record of `len` bytes at the tail (its bytes written) and move the tail past it.
+    fn end_record(&mut self, tag: Tag, len: usize, flags: u32) {
+        self.write_header(tag, len, flags);
+        self.tail += (RECORD_HEADER + pad16(len)) as u64;
         self.unpublished = true;
     }
 

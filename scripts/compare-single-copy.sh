@@ -2,8 +2,10 @@
 # Large allreduce over shared memory with and without single copy, against OpenMPI's shared-
 # memory path (vader/sm with CMA single copy), in the baselines' harness (a barrier, then one
 # timed allreduce; per iteration the slowest rank; median over ~T s of iterations): BCL's port
-# of it on bcl.h with BCL_SINGLE_COPY_BYTES at its default and at 0, then OpenMPI, 2 and 4
-# ranks, one after the other in every round (this VM flips between a fast and a slow state).
+# of it on bcl.h with BCL_SINGLE_COPY_BYTES at its default (auto: from 256 KiB on 3+ ranks the
+# direct plan; and the ring forced, BCL_ALGO=ring) and at 0 (the copy ring), then OpenMPI, 2
+# and 4 ranks, one after the other in every round (this VM flips between a fast and a slow
+# state).
 #   scripts/compare-single-copy.sh [ROUNDS] [OUTDIR] [SECONDS]
 # Writes OUTDIR/<lib>-np<N>-r<k>.txt and OUTDIR/table.md: per case the median of the rounds'
 # busbw, and BCL's over OpenMPI's. REUSE=1 makes the table again from OUTDIR's files.
@@ -25,9 +27,10 @@ for r in $(seq "$rounds"); do
   [ -n "${REUSE:-}" ] && break
   for np in 2 4; do
     bind=(--bind-to core); [ "$np" -gt "$(nproc)" ] && bind=(--oversubscribe --bind-to none)
-    for sc in default 0; do
-      env=(-x BCL_TRANSPORT=shm); [ "$sc" = 0 ] && env+=(-x BCL_SINGLE_COPY_BYTES=0)
-      lib=bcl-single; [ "$sc" = 0 ] && lib=bcl-copy
+    for sc in default ring 0; do
+      env=(-x BCL_TRANSPORT=shm); lib=bcl-single
+      [ "$sc" = 0 ] && { env+=(-x BCL_SINGLE_COPY_BYTES=0); lib=bcl-copy; }
+      [ "$sc" = ring ] && { env+=(-x BCL_ALGO=ring); lib=bcl-ring; }
       timeout 600 mpirun -np "$np" "${bind[@]}" "${env[@]}" "$harness" -s "$sizes" -t "$secs" \
         -l "$lib" > "$out/$lib-np$np-r$r.txt" 2>&1
     done
@@ -51,18 +54,19 @@ def rows(path):
     return got
 print(f"busbw GB/s, median over {rounds} interleaved rounds (each round: the harness's median "
       "time; min-max across rounds in brackets).\n")
-print("| ranks | size | BCL single copy | BCL copy ring | OpenMPI | single / OpenMPI | copy / OpenMPI | single / copy |")
-print("|---|---|---|---|---|---|---|---|")
+print("| ranks | size | BCL single copy (auto) | BCL single copy, ring | BCL copy ring | OpenMPI "
+      "| auto / OpenMPI | ring / OpenMPI | copy / OpenMPI | auto / ring |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for np in (2, 4):
     runs = {lib: [rows(p) for p in sorted(glob.glob(f"{out}/{lib}-np{np}-r*.txt"))]
-            for lib in ("bcl-single", "bcl-copy", "mpi")}
+            for lib in ("bcl-single", "bcl-ring", "bcl-copy", "mpi")}
     for s in (1 << 20, 16 << 20, 64 << 20, 256 << 20):
         v = {lib: [r[s] for r in rs if s in r] for lib, rs in runs.items()}
         if not all(v.values()):
             continue
         m = {lib: statistics.median(x) for lib, x in v.items()}
         cell = lambda lib: f"{m[lib]:.2f} ({min(v[lib]):.2f}-{max(v[lib]):.2f})"
-        print(f"| {np} | {s >> 20} MiB | {cell('bcl-single')} | {cell('bcl-copy')} | {cell('mpi')} "
-              f"| {m['bcl-single'] / m['mpi']:.2f}x | {m['bcl-copy'] / m['mpi']:.2f}x "
-              f"| {m['bcl-single'] / m['bcl-copy']:.2f}x |")
+        print(f"| {np} | {s >> 20} MiB | {cell('bcl-single')} | {cell('bcl-ring')} | {cell('bcl-copy')} "
+              f"| {cell('mpi')} | {m['bcl-single'] / m['mpi']:.2f}x | {m['bcl-ring'] / m['mpi']:.2f}x "
+              f"| {m['bcl-copy'] / m['mpi']:.2f}x | {m['bcl-single'] / m['bcl-ring']:.2f}x |")
 PY

@@ -502,6 +502,10 @@ impl Topology {
             shm_inside_hosts: self.shared_memory || self.hosts > 1,
             mixed_speeds: mixed,
             nics_per_host: self.nics,
+            // The default (`Communicator::init` takes it from the configuration), so the
+            // selector picks here what it picks for real; the network model does not tell a
+            // lent message from one through the rings.
+            single_copy_from: Some(bcl_core::config::SINGLE_COPY_BYTES),
         }
     }
 

@@ -118,6 +118,21 @@ pub const ONE_CONNECTION_UP_TO: usize = 256 << 10;
 /// 1 MiB it was not measured, and the flat choice stays.
 pub const MIXED_SPEEDS_DIRECT_FROM: usize = 1 << 20;
 
+/// The allreduce size from which 3 or more ranks of one host over shared memory, with slices
+/// large enough to be lent, run the direct plan (`Algorithm::HierRing` on one host: a direct
+/// reduce-scatter, then a direct allgather, both lent) instead of the ring. The ring moves
+/// each byte through a ring buffer at every step (a copy in, a copy out); the direct plan's
+/// receivers read each slice straight out of its sender. Measured on this project's test VM
+/// (Intel Xeon, 2 vCPUs) on 2026-12-05, `TRANSPORT=shm scripts/alternate-bench.sh N 3
+/// "256K 1M 4M 16M 64M" "ring:BCL_ALGO=ring" "direct:BCL_ALGO=hier-ring"`, busbw GB/s ring /
+/// direct: 3 ranks 256 KiB 3.21 / 3.77, 1 MiB 2.74 / 3.45, 64 MiB 1.73 / 1.96; 4 ranks
+/// 256 KiB 2.70 / 2.85, 1 MiB 2.33 / 2.83, 64 MiB 1.65 / 1.89; 8 ranks 1 MiB 1.15 / 1.42,
+/// 64 MiB 0.93 / 1.03, but 256 KiB 0.83 / 0.66, where 32 KiB slices are below the lending
+/// size and go through the rings; with lending off (`BCL_SINGLE_COPY_BYTES=0`) the direct
+/// plan lost at 4 ranks (1 MiB 2.70 / 1.83, 64 MiB 1.54 / 1.25), hence the condition on
+/// lent slices in `schedule::select`. Below 256 KiB it was not measured.
+pub const ONE_HOST_DIRECT_FROM: usize = 256 << 10;
+
 /// The allreduce size from which ranks over TCP, 4 or more and a power of two, run
 /// halving-doubling where the model would still double. The model puts that crossover at
 /// 92 KiB on 4 ranks (doubling's two whole-buffer exchanges against halving-doubling's four
@@ -637,6 +652,7 @@ mod tests {
             shm_inside_hosts: true,
             mixed_speeds: false,
             nics_per_host: 1,
+            single_copy_from: None,
         }
     }
 
@@ -676,6 +692,58 @@ mod tests {
         // Between many hosts, small messages take doubling, large ones the ring or halving.
         assert_eq!(cheapest_on(8, hosts(8, 2)), Algorithm::HierDoubling);
         assert_ne!(cheapest_on(256 << 20, hosts(8, 2)), Algorithm::HierDoubling);
+    }
+
+    /// On one host over shared memory, the direct plan takes over from the ring only where
+    /// its slices are lent (each at least the lending size) and the world has 3 ranks or
+    /// more (with 2 the ring is the direct plan); without lending it measured slower.
+    #[test]
+    fn one_host_runs_direct_only_where_its_slices_are_lent() {
+        use crate::schedule::{Collective, select};
+        let sum = Collective::AllReduce {
+            op: bcl_backends::ReduceOp::Sum,
+        };
+        let lent = |world| Fabric {
+            single_copy_from: Some(64 << 10),
+            ..Fabric::flat(world, true, true)
+        };
+        for world in [3, 4, 8] {
+            for bytes in [1 << 20, 64 << 20] {
+                assert_eq!(
+                    select(sum, bytes, lent(world)),
+                    Algorithm::HierRing,
+                    "{world} ranks {bytes} B"
+                );
+                let copied = Fabric::flat(world, true, true);
+                assert_ne!(
+                    select(sum, bytes, copied),
+                    Algorithm::HierRing,
+                    "{world} ranks {bytes} B unlent"
+                );
+                let tcp = Fabric {
+                    single_copy_from: Some(64 << 10),
+                    ..Fabric::flat(world, false, true)
+                };
+                assert_ne!(
+                    select(sum, bytes, tcp),
+                    Algorithm::HierRing,
+                    "{world} ranks {bytes} B tcp"
+                );
+            }
+            assert_ne!(
+                select(sum, ONE_HOST_DIRECT_FROM / 2, lent(world)),
+                Algorithm::HierRing
+            );
+        }
+        // 256 KiB: 64 KiB slices on 4 ranks are lent, 32 KiB ones on 8 are not.
+        assert_eq!(select(sum, 256 << 10, lent(4)), Algorithm::HierRing);
+        assert_ne!(select(sum, 256 << 10, lent(8)), Algorithm::HierRing);
+        assert_ne!(select(sum, 64 << 20, lent(2)), Algorithm::HierRing);
+        // Other collectives keep the ring.
+        assert_eq!(
+            select(Collective::AllGather, 64 << 20, lent(4)),
+            Algorithm::Ring
+        );
     }
 
     /// Rails on NICs of their own do not share a link: on 2 hosts × 4 ranks at 256 MiB the

@@ -333,6 +333,9 @@ pub struct Fabric {
     /// The network interfaces between hosts of the host with the fewest (`nic::interface_of`
     /// of its ranks' addresses; 1 where unknown): the rails of a host share them.
     pub nics_per_host: usize,
+    /// The message size from which ranks of one host lend their sends for the receiver to
+    /// copy out of the sender's memory (`CommConfig::single_copy_bytes`); `None`: never.
+    pub single_copy_from: Option<usize>,
 }
 
 impl Fabric {
@@ -348,6 +351,7 @@ impl Fabric {
             shm_inside_hosts: all_shared_memory,
             mixed_speeds: false,
             nics_per_host: 1,
+            single_copy_from: None,
         }
     }
 }
@@ -368,6 +372,10 @@ impl Fabric {
 /// On one host whose devices reduce at different speeds, an allreduce from
 /// [`cost::MIXED_SPEEDS_DIRECT_FROM`] runs hierarchically (inside the host: each rank reduces
 /// a share in proportion to its speed, where the ring makes every step wait for the slowest).
+/// So does an allreduce from [`cost::ONE_HOST_DIRECT_FROM`] among 3 or more ranks of one host
+/// over shared memory whose slices are lent (single copy): each slice crosses memory once
+/// on its way to its owner and once back, where the ring copies it in and out of a ring at
+/// every step.
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
     let hierarchy = fabric.hosts > 1 && fabric.largest_host > 1 && !fabric.all_shared_memory;
     match collective {
@@ -376,6 +384,17 @@ pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm
                 && fabric.mixed_speeds
                 && fabric.world > 1
                 && bytes >= cost::MIXED_SPEEDS_DIRECT_FROM =>
+        {
+            Algorithm::HierRing
+        }
+        Collective::AllReduce { .. }
+            if fabric.hosts == 1
+                && fabric.all_shared_memory
+                && fabric.world >= 3
+                && bytes >= cost::ONE_HOST_DIRECT_FROM
+                && fabric
+                    .single_copy_from
+                    .is_some_and(|from| bytes / fabric.world >= from) =>
         {
             Algorithm::HierRing
         }

@@ -11,9 +11,18 @@ use bcl_tests::{Setup, each, test_config};
 
 /// `world` shm ranks on the ring; `single_copy_bytes`: the smallest message lent (0: none).
 fn shm(world: usize, single_copy_bytes: usize) -> Vec<Communicator> {
+    shm_running(world, single_copy_bytes, Some(Algorithm::Ring))
+}
+
+/// `world` shm ranks running `algorithm` (`None`: auto).
+fn shm_running(
+    world: usize,
+    single_copy_bytes: usize,
+    algorithm: Option<Algorithm>,
+) -> Vec<Communicator> {
     Communicator::init_threads_with(world, |rank| CommConfig {
         transport: TransportKind::Shm,
-        algorithm: Some(Algorithm::Ring),
+        algorithm,
         // Small slices: many messages, each lent, at sizes a test runs in moments.
         slice_bytes: 16 << 10,
         single_copy_bytes,
@@ -167,5 +176,46 @@ fn in_place_calls_back_to_back_never_overwrite_a_chunk_a_peer_is_still_copying()
             got == &want[r],
             "rank {r}: a chunk was overwritten while lent"
         );
+    }
+}
+
+/// Auto's direct plan on one host (3+ ranks, lent slices: `cost::ONE_HOST_DIRECT_FROM`): each
+/// owner lends its reduced slice to every other rank at once, and the next in-place call
+/// writes that slice again. Back-to-back in-place sums show a slice overwritten while a peer
+/// still copied it, or a loan given back to the wrong lender.
+#[test]
+fn the_direct_plan_on_one_host_lends_each_result_to_every_peer_and_sums_exactly() {
+    for world in [3, 4] {
+        let comms = shm_running(world, 16 << 10, None);
+        let sum = bcl_core::Collective::AllReduce { op: ReduceOp::Sum };
+        let count = (1 << 20) / 8 + 3;
+        for c in &comms {
+            assert_eq!(c.algorithm_for(sum, count * 8), Algorithm::HierRing);
+        }
+        let outs = each(&comms, |r, c| {
+            let mut buf = ints(r, count);
+            for round in 0..6 {
+                c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_or_else(|e| panic!("rank {r} round {round}: {e}"));
+                for x in buf.iter_mut() {
+                    *x = (*x % 1_000_003) + r as i64;
+                }
+            }
+            buf
+        });
+        let mut want: Vec<Vec<i64>> = (0..world).map(|r| ints(r, count)).collect();
+        for _ in 0..6 {
+            let total: Vec<i64> = (0..count)
+                .map(|i| want.iter().map(|b| b[i]).sum())
+                .collect();
+            for (r, b) in want.iter_mut().enumerate() {
+                for (x, s) in b.iter_mut().zip(&total) {
+                    *x = (s % 1_000_003) + r as i64;
+                }
+            }
+        }
+        for (r, got) in outs.iter().enumerate() {
+            assert!(got == &want[r], "{world} ranks: rank {r}'s sums are wrong");
+        }
     }
 }

@@ -282,7 +282,7 @@ pub(crate) fn allreduce(
         } else if len > 0 {
             // Lent: the owner copies the slice out of this rank's memory as it reduces it,
             // and this rank's core is spared the copy into the ring (measured faster on 2 × 4
-            // namespace hosts: docs/hierarchical.md). Phase 3's results are lent alike.
+            // namespace hosts: docs/hierarchical.md). Phase 3 lends only on one host.
             b.push(Action::Send {
                 peer: owner,
                 tag,
@@ -320,9 +320,11 @@ pub(crate) fn allreduce(
         }
     }
 
-    // 3. Each owner's result to the rest of its host, lent: each peer copies it straight
-    // out of the owner's output, one copy instead of two through the ring (on one host,
-    // 3-8 ranks over shared memory, 1-64 MiB: docs/single-copy.md).
+    // 3. Each owner's result to the rest of its host. On one host it is lent: each peer
+    // copies it straight out of the owner's output, one copy instead of two through the
+    // ring (3-8 ranks over shared memory, 256 KiB-256 MiB: docs/single-copy.md). Between
+    // hosts the rails bound the time, and lending phase 3 measured no faster on 2 × 4
+    // namespace hosts (docs/hierarchical.md): it stays in the ring there.
     let mut tag = RESULT_TAGS;
     for seg in &segs {
         let owner = seg.owners[host];
@@ -334,7 +336,7 @@ pub(crate) fn allreduce(
                         peer,
                         tag,
                         from: region,
-                        lend: true,
+                        lend: hosts == 1,
                     });
                 }
             } else if len > 0 {

@@ -17,7 +17,7 @@ use crate::exec::{
 };
 use crate::schedule::{
     Algorithm, AllToAllCounts, Collective, Plan, build_plan, build_plan_v, connections_per_peer,
-    select,
+    lend_from, select,
 };
 use crate::signature::Signature;
 use bcl_backends::{DataType, DeviceBuffer, ReduceOp};
@@ -172,7 +172,13 @@ pub(super) fn run<'a>(
         rank: shared.rank,
         signature: begun.signature,
         clock: &shared.clock,
-        lend_bytes: shared.config.single_copy_bytes,
+        lend_bytes: lend_from(
+            call.collective,
+            begun.algorithm,
+            call.count * call.dtype.size(),
+            shared.config.algorithm.is_some(),
+            shared.config.single_copy_bytes,
+        ),
     };
     shared
         .health

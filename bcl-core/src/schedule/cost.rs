@@ -133,6 +133,18 @@ pub const MIXED_SPEEDS_DIRECT_FROM: usize = 1 << 20;
 /// lent slices in `schedule::select`. Below 256 KiB it was not measured.
 pub const ONE_HOST_DIRECT_FROM: usize = 256 << 10;
 
+/// The allreduce size from which a ring that auto picked lends its messages
+/// (`schedule::lend_from`); below it they go through the shared-memory rings. Measured on this
+/// project's test VM (Intel Xeon, 2 vCPUs, L2 2 MiB per core) on 2026-12-06, 2 ranks, the
+/// baselines' harness (barrier, then one timed allreduce), `BCL_ALGO=ring` with
+/// `BCL_SINGLE_COPY_BYTES=65536` (lent) and `=0` (copied), interleaved, µs: in the VM's fast
+/// state lent / copied 128 KiB 29 / 10.5, 256 KiB 51 / 20.6, 1 MiB 151 / 75, 2 MiB 225 / 180
+/// (OpenMPI 30, 55, 136, 235); in its slow state 256 KiB 114 / 120, 1 MiB 467 / 490, 2 MiB
+/// 700 / 940 (OpenMPI 160, 580, 1160). A loan costs a system call, the pages' walk and a
+/// give-back; while the data fit the caches a copy through a ring costs less, and past them
+/// the ring's extra copy costs memory bandwidth, where lending saves it.
+pub const RING_LENDS_FROM: usize = 2 << 20;
+
 /// The allreduce size from which ranks over TCP, 4 or more and a power of two, run
 /// halving-doubling where the model would still double. The model puts that crossover at
 /// 92 KiB on 4 ranks (doubling's two whole-buffer exchanges against halving-doubling's four
@@ -744,6 +756,32 @@ mod tests {
             select(Collective::AllGather, 64 << 20, lent(4)),
             Algorithm::Ring
         );
+    }
+
+    /// A ring allreduce that auto picked lends from `RING_LENDS_FROM`; forced, or any other
+    /// plan or collective, it lends from the configured size.
+    #[test]
+    fn auto_rings_below_the_cached_size_copy_through_the_rings() {
+        use crate::schedule::{Collective, lend_from};
+        let sum = Collective::AllReduce {
+            op: bcl_backends::ReduceOp::Sum,
+        };
+        let below = RING_LENDS_FROM - 1;
+        assert_eq!(lend_from(sum, Algorithm::Ring, below, false, 64 << 10), 0);
+        assert_eq!(
+            lend_from(sum, Algorithm::Ring, RING_LENDS_FROM, false, 64 << 10),
+            64 << 10
+        );
+        assert_eq!(
+            lend_from(sum, Algorithm::Ring, below, true, 64 << 10),
+            64 << 10
+        );
+        assert_eq!(lend_from(sum, Algorithm::HierRing, below, false, 1), 1);
+        assert_eq!(
+            lend_from(Collective::AllGather, Algorithm::Ring, below, false, 1),
+            1
+        );
+        assert_eq!(lend_from(sum, Algorithm::Ring, 1 << 30, false, 0), 0);
     }
 
     /// Rails on NICs of their own do not share a link: on 2 hosts × 4 ranks at 256 MiB the

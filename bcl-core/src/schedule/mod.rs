@@ -424,6 +424,26 @@ pub fn connections_per_peer(collective: Collective, bytes: usize, fabric: Fabric
     }
 }
 
+/// The smallest message a rank lends in an operation (`Action::Send::lend`; the receiver
+/// copies it out of the sender's memory): `configured`, except in an allreduce that auto
+/// ran on the ring (not `forced`) over less than [`cost::RING_LENDS_FROM`], whose messages
+/// go through the shared-memory rings: there the data stay in the caches, where copying
+/// them through a ring costs less than a `process_vm_readv` and its give-back. Only the
+/// sender acts on it, so ranks need not agree.
+pub fn lend_from(
+    collective: Collective,
+    algorithm: Algorithm,
+    bytes: usize,
+    forced: bool,
+    configured: usize,
+) -> usize {
+    let cached_ring = !forced
+        && algorithm == Algorithm::Ring
+        && matches!(collective, Collective::AllReduce { .. })
+        && bytes < cost::RING_LENDS_FROM;
+    if cached_ring { 0 } else { configured }
+}
+
 /// The place of one rank among the others: its rank, the ring order and the hosts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {

@@ -142,41 +142,50 @@ fn lent_ring_messages_give_the_exact_results_and_the_copying_paths_bits() {
 /// show in the very next result.
 #[test]
 fn in_place_calls_back_to_back_never_overwrite_a_chunk_a_peer_is_still_copying() {
-    let world = 4;
-    let comms = shm(world, 1);
-    let count = 50_003;
-    let outs = each(&comms, |r, c| {
-        let mut buf: Vec<i64> = (0..count).map(|i| (i % 7) as i64 + r as i64).collect();
-        for round in 0..12 {
-            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-                .unwrap_or_else(|e| panic!("rank {r} round {round}: {e}"));
-            // Back to small numbers, the same on every rank, so the next sum is checkable.
-            for x in buf.iter_mut() {
-                *x = (*x % 1_000_003) + r as i64;
-            }
-        }
-        buf
-    });
-    // The same arithmetic, one rank's view, without any communicator.
-    let mut want: Vec<Vec<i64>> = (0..world)
-        .map(|r| (0..count).map(|i| (i % 7) as i64 + r as i64).collect())
-        .collect();
-    for _ in 0..12 {
-        let sum: Vec<i64> = (0..count)
-            .map(|i| want.iter().map(|b| b[i]).sum())
-            .collect();
-        for (r, b) in want.iter_mut().enumerate() {
-            for (x, s) in b.iter_mut().zip(&sum) {
-                *x = (s % 1_000_003) + r as i64;
-            }
-        }
-    }
+    let start = |r: usize, count: usize| (0..count).map(|i| (i % 7) as i64 + r as i64).collect();
+    let (outs, want) = in_place_rounds(&shm(4, 1), 50_003, 12, start);
     for (r, got) in outs.iter().enumerate() {
         assert!(
             got == &want[r],
             "rank {r}: a chunk was overwritten while lent"
         );
     }
+}
+
+/// `rounds` in-place sums of `count` elements on every rank of `comms`, each rank's buffer
+/// starting as `start(rank, count)` and brought back to small numbers (plus the rank) after
+/// each sum, so the next is checkable: what each rank ends with, and the same arithmetic
+/// done without any communicator.
+fn in_place_rounds(
+    comms: &[Communicator],
+    count: usize,
+    rounds: usize,
+    start: impl Fn(usize, usize) -> Vec<i64> + Sync,
+) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let shrink = |x: &mut i64, sum: i64, r: usize| *x = (sum % 1_000_003) + r as i64;
+    let outs = each(comms, |r, c| {
+        let mut buf = start(r, count);
+        for round in 0..rounds {
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .unwrap_or_else(|e| panic!("rank {r} round {round}: {e}"));
+            for x in buf.iter_mut() {
+                shrink(x, *x, r);
+            }
+        }
+        buf
+    });
+    let mut want: Vec<Vec<i64>> = (0..comms.len()).map(|r| start(r, count)).collect();
+    for _ in 0..rounds {
+        let sum: Vec<i64> = (0..count)
+            .map(|i| want.iter().map(|b| b[i]).sum())
+            .collect();
+        for (r, b) in want.iter_mut().enumerate() {
+            for (x, s) in b.iter_mut().zip(&sum) {
+                shrink(x, *s, r);
+            }
+        }
+    }
+    (outs, want)
 }
 
 /// Auto's direct plan on one host (3+ ranks, lent slices: `cost::ONE_HOST_DIRECT_FROM`): each
@@ -192,28 +201,7 @@ fn the_direct_plan_on_one_host_lends_each_result_to_every_peer_and_sums_exactly(
         for c in &comms {
             assert_eq!(c.algorithm_for(sum, count * 8), Algorithm::HierRing);
         }
-        let outs = each(&comms, |r, c| {
-            let mut buf = ints(r, count);
-            for round in 0..6 {
-                c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-                    .unwrap_or_else(|e| panic!("rank {r} round {round}: {e}"));
-                for x in buf.iter_mut() {
-                    *x = (*x % 1_000_003) + r as i64;
-                }
-            }
-            buf
-        });
-        let mut want: Vec<Vec<i64>> = (0..world).map(|r| ints(r, count)).collect();
-        for _ in 0..6 {
-            let total: Vec<i64> = (0..count)
-                .map(|i| want.iter().map(|b| b[i]).sum())
-                .collect();
-            for (r, b) in want.iter_mut().enumerate() {
-                for (x, s) in b.iter_mut().zip(&total) {
-                    *x = (s % 1_000_003) + r as i64;
-                }
-            }
-        }
+        let (outs, want) = in_place_rounds(&comms, count, 6, ints);
         for (r, got) in outs.iter().enumerate() {
             assert!(got == &want[r], "{world} ranks: rank {r}'s sums are wrong");
         }

@@ -523,7 +523,10 @@ pub(super) fn finish(
             shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
             mixed_speeds: (0..world).any(|r| layout.weight(r) != layout.weight(0)),
             nics_per_host: nics_per_host(layout.hosts(), &peers),
-            single_copy_from: (config.single_copy_bytes > 0).then_some(config.single_copy_bytes),
+            // The host's ptrace rules, not the per-link probes: every rank must agree.
+            single_copy_from: (config.single_copy_bytes > 0
+                && bcl_transport::shm::sibling_reads_permitted())
+            .then_some(config.single_copy_bytes),
         },
         polling: polling(config.spin, local_ranks),
         lines_bytes: lines::capacity(transport.as_mut(), &peers, config.lines_bytes),

@@ -334,7 +334,8 @@ pub struct Fabric {
     /// of its ranks' addresses; 1 where unknown): the rails of a host share them.
     pub nics_per_host: usize,
     /// The message size from which ranks of one host lend their sends for the receiver to
-    /// copy out of the sender's memory (`CommConfig::single_copy_bytes`); `None`: never.
+    /// copy out of the sender's memory (`CommConfig::single_copy_bytes`); `None`: never (off,
+    /// or the host's ptrace rules refuse it: `bcl_transport::shm::sibling_reads_permitted`).
     pub single_copy_from: Option<usize>,
 }
 

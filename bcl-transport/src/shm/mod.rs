@@ -27,11 +27,13 @@
 
 mod connect;
 mod lines;
+mod ptrace_rules;
 mod ring;
 pub(crate) use ring::fuzz_consumer;
 mod sys;
 
 pub use connect::reclaim_stale;
+pub use ptrace_rules::sibling_reads_permitted;
 /// The largest payload of one post on the lines ([`Lines::max_payload`]).
 pub const LINES_MAX_PAYLOAD: usize = lines::MAX_PAYLOAD;
 

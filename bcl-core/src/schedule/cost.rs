@@ -120,11 +120,12 @@ pub const MIXED_SPEEDS_DIRECT_FROM: usize = 1 << 20;
 
 /// The allreduce size from which 3 or more ranks of one host over shared memory, with slices
 /// large enough to be lent, run the direct plan (`Algorithm::HierRing` on one host: a direct
-/// reduce-scatter, then a direct allgather, both lent) instead of the ring. The ring moves
-/// each byte through a ring buffer at every step (a copy in, a copy out); the direct plan's
-/// receivers read each slice straight out of its sender. Measured on this project's test VM
-/// (Intel Xeon, 2 vCPUs) on 2026-12-05, `TRANSPORT=shm scripts/alternate-bench.sh N 3
-/// "256K 1M 4M 16M 64M" "ring:BCL_ALGO=ring" "direct:BCL_ALGO=hier-ring"`, busbw GB/s ring /
+/// reduce-scatter, then a direct allgather, both lent) instead of the ring. Each rank pulls
+/// as many bytes either way, but the ring's steps each wait for the one before, on a peer
+/// that may not be running; the direct plan's pulls are all ready at once. Measured on this
+/// project's test VM (Intel Xeon, 2 vCPUs) on 2026-12-05, with
+/// `TRANSPORT=shm scripts/alternate-bench.sh N 3 "256K 1M 4M 16M 64M" "ring:BCL_ALGO=ring"
+/// "direct:BCL_ALGO=hier-ring"` (the ring then lent at every size), busbw GB/s ring /
 /// direct: 3 ranks 256 KiB 3.21 / 3.77, 1 MiB 2.74 / 3.45, 64 MiB 1.73 / 1.96; 4 ranks
 /// 256 KiB 2.70 / 2.85, 1 MiB 2.33 / 2.83, 64 MiB 1.65 / 1.89; 8 ranks 1 MiB 1.15 / 1.42,
 /// 64 MiB 0.93 / 1.03, but 256 KiB 0.83 / 0.66, where 32 KiB slices are below the lending

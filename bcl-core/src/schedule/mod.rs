@@ -374,9 +374,9 @@ impl Fabric {
 /// [`cost::MIXED_SPEEDS_DIRECT_FROM`] runs hierarchically (inside the host: each rank reduces
 /// a share in proportion to its speed, where the ring makes every step wait for the slowest).
 /// So does an allreduce from [`cost::ONE_HOST_DIRECT_FROM`] among 3 or more ranks of one host
-/// over shared memory whose slices are lent (single copy): each slice crosses memory once
-/// on its way to its owner and once back, where the ring copies it in and out of a ring at
-/// every step.
+/// over shared memory whose slices are lent (single copy): every slice goes to its owner and
+/// back at once, where the ring passes it on through p−1 steps, each waiting for the last
+/// (the same bytes pulled per rank; fewer waits).
 pub fn select(collective: Collective, bytes: usize, fabric: Fabric) -> Algorithm {
     let hierarchy = fabric.hosts > 1 && fabric.largest_host > 1 && !fabric.all_shared_memory;
     match collective {

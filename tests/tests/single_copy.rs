@@ -202,18 +202,14 @@ fn the_direct_plan_on_one_host_lends_each_result_to_every_peer_and_sums_exactly(
         let mut comms = shm_running(world, 16 << 10, None);
         let sum = bcl_core::Collective::AllReduce { op: ReduceOp::Sum };
         let count = (1 << 20) / 8 + 3;
-        let expected = if permitted {
-            Algorithm::HierRing
-        } else {
-            Algorithm::Ring
-        };
         for c in &comms {
-            assert_eq!(
-                c.algorithm_for(sum, count * 8),
-                expected,
-                "ptrace rules permit: {permitted}"
-            );
+            let direct = c.algorithm_for(sum, count * 8) == Algorithm::HierRing;
+            assert_eq!(direct, permitted, "ptrace rules permit: {permitted}");
         }
+        // A lending size above the slices (16 KiB here) lends no message: no direct plan.
+        let unlent = shm_running(world, 32 << 10, None);
+        assert_ne!(unlent[0].algorithm_for(sum, count * 8), Algorithm::HierRing);
+        drop(unlent);
         if !permitted {
             drop(comms);
             comms = shm_running(world, 16 << 10, Some(Algorithm::HierRing));

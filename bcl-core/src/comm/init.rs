@@ -523,8 +523,10 @@ pub(super) fn finish(
             shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
             mixed_speeds: (0..world).any(|r| layout.weight(r) != layout.weight(0)),
             nics_per_host: nics_per_host(layout.hosts(), &peers),
-            // The host's ptrace rules, not the per-link probes: every rank must agree.
+            // The host's ptrace rules, not the per-link probes: every rank must agree. No
+            // message is longer than a slice, so a lending size above it lends nothing.
             single_copy_from: (config.single_copy_bytes > 0
+                && config.single_copy_bytes <= config.slice_bytes
                 && bcl_transport::shm::sibling_reads_permitted())
             .then_some(config.single_copy_bytes),
         },

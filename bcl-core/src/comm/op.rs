@@ -158,6 +158,7 @@ pub(super) fn run<'a>(
     let begun = begin(shared, sequences, plans, &call, bindings.input.is_none());
     let scratch = begun.plan.scratch_elems * call.dtype.size();
     bindings.scratch = bind_scratch(shared, &call, scratch, host_scratch, device_scratch)?;
+    let bytes = call.count * call.dtype.size();
     let ctx = OpContext {
         tag_base: tag_base(begun.signature.seq, call.collective.is_point_to_point()),
         dtype: call.dtype,
@@ -175,7 +176,7 @@ pub(super) fn run<'a>(
         lend_bytes: lend_from(
             call.collective,
             begun.algorithm,
-            call.count * call.dtype.size(),
+            bytes,
             shared.config.algorithm.is_some(),
             shared.config.single_copy_bytes,
         ),
@@ -183,7 +184,6 @@ pub(super) fn run<'a>(
     shared
         .health
         .op_started(begun.signature, begun.algorithm.name());
-    let bytes = call.count * call.dtype.size();
     let per_peer = (shared.config.sockets_per_op)
         .or_else(|| connections_per_peer(call.collective, bytes, shared.fabric));
     transport.limit_connections(per_peer);

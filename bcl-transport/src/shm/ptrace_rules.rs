@@ -24,7 +24,7 @@ pub fn sibling_reads_permitted() -> bool {
 
 /// [`sibling_reads_permitted`] on the files' texts: `scope` is `ptrace_scope`'s (`None`: no
 /// Yama), `status` is `/proc/self/status`.
-pub(crate) fn permits(scope: Option<&str>, status: &str) -> bool {
+fn permits(scope: Option<&str>, status: &str) -> bool {
     let Some(scope) = scope else {
         return true;
     };

@@ -257,10 +257,14 @@ pub(crate) fn allreduce(
     let source = source(in_place);
 
     // 1. Each part onto its owner in this host, the owner's own contribution as the seed.
-    // Tags number the slices segment by segment; the steps go in the order the rails will
-    // want them (`phase_one_order`), so the link between hosts has work from the start.
+    // The steps go in the order the rails will want them (`phase_one_order`), so the link
+    // between hosts has work from the start; each local rank starts with the next rank's
+    // part and each owner reduces its senders in the order they send to it, so the owners are
+    // not all fed one after another in the same order (a rank's plan is its neighbour's
+    // turned by one, which lets the simulator run one rank per host for all).
     let hosts = layout.hosts().len();
-    for (tag, at, len, seg) in phase_one_order(&segs, host, hosts, between, slice) {
+    let position = local.iter().position(|&r| r == me).unwrap_or(0);
+    for (tag, at, len, seg) in phase_one_order(&segs, host, position, hosts, between, slice) {
         let owner = segs[seg].owners[host];
         if len > 0 && me == owner {
             let mut seed = (!in_place).then(|| Region::new(Input, at, len));
@@ -270,7 +274,7 @@ pub(crate) fn allreduce(
                     to: Region::new(Output, at, len),
                 });
             }
-            for &peer in local.iter().filter(|&&r| r != me) {
+            for peer in turned(local, position) {
                 b.push(Action::Recv {
                     peer,
                     tag,
@@ -325,13 +329,19 @@ pub(crate) fn allreduce(
     // ring (3-8 ranks over shared memory, 256 KiB-256 MiB: docs/single-copy.md). Between
     // hosts the rails bound the time, and lending phase 3 measured no faster on 2 × 4
     // namespace hosts (docs/hierarchical.md): it stays in the ring there.
-    let mut tag = RESULT_TAGS;
-    for seg in &segs {
+    // Segments from this rank's own, each owner sending to the rank before it first: the
+    // first segment a rank waits for is the first its owner sends it.
+    let tags = owner_tags(&segs, host, slice);
+    for k in 0..segs.len() {
+        let index = (k + position) % segs.len();
+        let seg = &segs[index];
         let owner = seg.owners[host];
-        for (at, len) in slices(seg.offset, seg.len, slice) {
+        let slices = slices(seg.offset, seg.len, slice);
+        for ((at, len), tag) in slices.zip(tags[index]..) {
             let region = Region::new(Output, at, len);
+            let tag = RESULT_TAGS + tag;
             if len > 0 && me == owner {
-                for &peer in local.iter().filter(|&&r| r != me) {
+                for peer in turned(local, position) {
                     b.push(Action::Send {
                         peer,
                         tag,
@@ -348,9 +358,37 @@ pub(crate) fn allreduce(
                     seed: None,
                 });
             }
-            tag += 1;
         }
     }
+}
+
+/// The ranks of `local` other than the one at `position`, from the one before it backwards.
+fn turned(local: &[usize], position: usize) -> impl Iterator<Item = usize> + '_ {
+    let m = local.len();
+    (1..m).map(move |k| local[(position + m - k) % m])
+}
+
+/// The first tag of each segment's slices: slices are numbered per owner on `host`, segment
+/// by segment, so a tag names the same slice on every host's ranks that share an owner's
+/// place (a plan turned from one local rank to the next keeps its tags).
+fn owner_tags(segs: &[Segment], host: usize, slice: usize) -> Vec<u32> {
+    let mut next: Vec<(usize, u32)> = Vec::new();
+    segs.iter()
+        .map(|seg| {
+            let owner = seg.owners[host];
+            let n = slices(seg.offset, seg.len, slice).count() as u32;
+            match next.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, t)) => {
+                    *t += n;
+                    *t - n
+                }
+                None => {
+                    next.push((owner, n));
+                    0
+                }
+            }
+        })
+        .collect()
 }
 
 /// The slices of phase 1 as (tag, offset, len, segment), in the order a host sends them.
@@ -362,13 +400,16 @@ pub(crate) fn allreduce(
 fn phase_one_order(
     segs: &[Segment],
     host: usize,
+    position: usize,
     hosts: usize,
     between: Algorithm,
     slice: usize,
 ) -> Vec<(u32, usize, usize, usize)> {
     let mut out = Vec::new();
-    let mut tag = 0u32;
+    let tags = owner_tags(segs, host, slice);
     for (index, seg) in segs.iter().enumerate() {
+        // From this rank's own segment on (position mod the segments, on uneven hosts).
+        let turn = (index + segs.len() - position % segs.len()) % segs.len();
         for (i, (at, len)) in slices(seg.offset, seg.len, slice).enumerate() {
             let chunk = (0..hosts)
                 .find(|&c| {
@@ -380,8 +421,7 @@ fn phase_one_order(
                 Algorithm::Ring => (host + 2 * hosts - 1 - chunk) % hosts,
                 _ => 0,
             };
-            out.push(((wanted, i, index), (tag, at, len, index)));
-            tag += 1;
+            out.push(((wanted, i, turn), (tags[index] + i as u32, at, len, index)));
         }
     }
     out.sort_by_key(|(key, _)| *key);

@@ -47,6 +47,10 @@ pub struct Args {
     /// 1024, one leaf's hosts beyond.
     #[arg(long)]
     pub group: Option<usize>,
+    /// Ranks of each host simulated for the rest of it (a symmetric run). Default: one beyond
+    /// 1024 ranks where a host's ranks share no cores, NICs or uplinks, every rank otherwise.
+    #[arg(long)]
+    pub locals: Option<usize>,
     /// Write one JSON object per row and placement to this file (bcl-bench's schema,
     /// `"simulated": true`).
     #[arg(long)]

@@ -17,11 +17,20 @@
 //! plan and checks that its step is the same send (same step index, size within one element
 //! for uneven parts), so plans
 //! that are not symmetric are refused rather than simulated wrongly.
+//!
+//! A run may also simulate only the first `locals` ranks of each host, where a host's ranks
+//! are turned copies of each other (local rank i's plan is local rank 0's with every rank of
+//! the host moved on by i: the hierarchical plans on hosts of equal size) and share nothing
+//! (their own devices, ports and NICs). A message to local rank j is delivered to local rank
+//! j mod `locals` from the sender turned back by the same amount, with the sender's own tag.
+//! That is checked before the run on the first and last hosts, every plan of their ranks
+//! against the turned plan of their first rank (peers, tags inside the host, sizes and
+//! dependencies); a message between hosts that would need turning is refused.
 
 use crate::fast_hash::FastMap;
 use crate::network::Network;
 use crate::topology::Topology;
-use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, build_plan};
+use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, Step, build_plan};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -128,24 +137,75 @@ pub fn plan_of(layout: &mut Layout, case: &Case, rank: usize) -> Result<Plan, St
     Ok(plan)
 }
 
+/// The ranks a run simulates for all: the first `locals` ranks of each of the first `hosts`
+/// hosts (every rank: `topo.hosts` and `topo.per_host`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub hosts: usize,
+    pub locals: usize,
+}
+
+impl Group {
+    /// Every rank of the first `hosts` hosts.
+    pub fn hosts(topo: &Topology, hosts: usize) -> Group {
+        Group {
+            hosts,
+            locals: topo.per_host,
+        }
+    }
+
+    /// Every rank.
+    pub fn all(topo: &Topology) -> Group {
+        Group::hosts(topo, topo.hosts)
+    }
+}
+
 /// Simulate `case` on `topo`: every rank (`group` = `topo.hosts`), or the first `group`
 /// hosts' ranks standing for all (see the module's doc); at most [`MAX_STEPS`] steps.
 pub fn simulate(topo: &Topology, case: &Case, group: usize) -> Result<Outcome, String> {
+    simulate_within(topo, case, Group::hosts(topo, group), MAX_STEPS)
+}
+
+/// [`simulate`] with the ranks of `group` standing for all.
+pub fn simulate_group(topo: &Topology, case: &Case, group: Group) -> Result<Outcome, String> {
     simulate_within(topo, case, group, MAX_STEPS)
 }
 
-/// [`simulate`], refused (before running) where the plans hold more than `max_steps` steps.
+/// Whether a host's ranks share nothing that carries load (cores, a NIC, an uplink of one
+/// plane), so that one of them can stand for the others.
+pub fn ranks_share_nothing(topo: &Topology) -> bool {
+    topo.cores == 0
+        && topo.nics >= topo.per_host
+        && (topo.rails || topo.oversub * topo.pod_oversub <= 1.0)
+}
+
+/// [`simulate_group`], refused (before running) where the plans hold more than `max_steps`
+/// steps.
 pub fn simulate_within(
     topo: &Topology,
     case: &Case,
-    group: usize,
+    g: Group,
     max_steps: usize,
 ) -> Result<Outcome, String> {
     let n = topo.world();
+    let group = g.hosts;
     if group == 0 || group > topo.hosts || !topo.hosts.is_multiple_of(group) {
         return Err(format!(
             "a group of {group} hosts does not divide {} hosts",
             topo.hosts
+        ));
+    }
+    if g.locals == 0 || !topo.per_host.is_multiple_of(g.locals) {
+        return Err(format!(
+            "{} ranks per host do not divide hosts of {}",
+            g.locals, topo.per_host
+        ));
+    }
+    if g.locals < topo.per_host && !ranks_share_nothing(topo) {
+        return Err(format!(
+            "a host's ranks share cores, NICs or uplinks here, so {} of them cannot stand for \
+             {} (plans not symmetric by ranks; run them all: --locals {})",
+            g.locals, topo.per_host, topo.per_host
         ));
     }
     // Halving-doubling passes the per-message check below but does not keep time by groups
@@ -169,8 +229,9 @@ pub fn simulate_within(
     let mut e = Engine {
         topo,
         case,
-        net: Network::new(topo, group),
+        net: Network::new(topo, group, g.locals),
         span,
+        locals: g.locals,
         world: n,
         now: 0.0,
         runs: Vec::with_capacity(span),
@@ -185,13 +246,20 @@ pub fn simulate_within(
         channels: FastMap::default(),
         layout: layout(topo, 0)?,
     };
+    if g.locals < topo.per_host {
+        for host in [0, topo.hosts - 1] {
+            e.check_turned(host)?;
+        }
+    }
+    let sims = group * g.locals;
     let mut total = 0usize;
-    for r in 0..span {
-        let plan = plan_of(&mut e.layout, case, r)?;
+    for r in 0..sims {
+        let rank = e.rank_of(r);
+        let plan = plan_of(&mut e.layout, case, rank)?;
         total += plan.steps.len();
         if total > max_steps {
             return Err(format!(
-                "too large to simulate: the first {} of {span} ranks' plans already hold \
+                "too large to simulate: the first {} of {sims} ranks' plans already hold \
                  {total} steps (at most {max_steps}, about {} GB); simulate fewer ranks (a \
                  symmetric algorithm such as ring or hier-ring runs one group of hosts) or \
                  larger slices",
@@ -217,9 +285,60 @@ pub fn simulate_within(
     e.run()?;
     Ok(Outcome {
         seconds: e.runs.iter().map(|r| r.end).fold(0.0, f64::max),
-        simulated_ranks: span,
+        simulated_ranks: sims,
         steps: e.steps,
     })
+}
+
+/// Whether two steps agree once the first is turned: same kind, peers (`turn` maps the
+/// first's), tags for messages inside the host (`same_host`), sizes within `slack` elements,
+/// dependencies.
+fn agrees(
+    a: &Step,
+    b: &Step,
+    turn: impl Fn(usize) -> usize,
+    same_host: impl Fn(usize) -> bool,
+    slack: usize,
+) -> bool {
+    let near = |x: usize, y: usize| x.abs_diff(y) <= slack;
+    let actions = match (&a.action, &b.action) {
+        (
+            Action::Send {
+                peer, tag, from, ..
+            },
+            Action::Send {
+                peer: p2,
+                tag: t2,
+                from: f2,
+                ..
+            },
+        ) => turn(*peer) == *p2 && (!same_host(*peer) || tag == t2) && near(from.len, f2.len),
+        (
+            Action::Recv {
+                peer,
+                tag,
+                into,
+                reduce,
+                seed,
+            },
+            Action::Recv {
+                peer: p2,
+                tag: t2,
+                into: i2,
+                reduce: r2,
+                seed: s2,
+            },
+        ) => {
+            turn(*peer) == *p2
+                && (!same_host(*peer) || tag == t2)
+                && near(into.len, i2.len)
+                && (*reduce || seed.is_some()) == (*r2 || s2.is_some())
+        }
+        (Action::Copy { from, .. }, Action::Copy { from: f2, .. }) => near(from.len, f2.len),
+        (Action::Divide { region }, Action::Divide { region: r2 }) => near(region.len, r2.len),
+        _ => false,
+    };
+    actions && a.deps == b.deps
 }
 
 /// A send waiting its turn on its channel: (rank, step, bytes, path, α).
@@ -233,6 +352,8 @@ struct Engine<'a> {
     case: &'a Case,
     net: Network,
     span: usize,
+    /// Ranks of each host simulated (`topo.per_host`, or fewer standing for the rest).
+    locals: usize,
     world: usize,
     now: f64,
     runs: Vec<RankRun>,
@@ -254,6 +375,53 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    /// The rank simulated as `sim`.
+    fn rank_of(&self, sim: usize) -> usize {
+        (sim / self.locals) * self.topo.per_host + sim % self.locals
+    }
+
+    /// The simulated index of `rank`, if it is simulated.
+    fn sim_of(&self, rank: usize) -> Option<usize> {
+        let (host, local) = (rank / self.topo.per_host, rank % self.topo.per_host);
+        (rank < self.span && local < self.locals).then(|| host * self.locals + local)
+    }
+
+    /// `rank` moved on by `by` ranks inside its host.
+    fn turn(&self, rank: usize, by: usize) -> usize {
+        let l = self.topo.per_host;
+        rank - rank % l + (rank % l + by) % l
+    }
+
+    /// Every plan of `host`'s ranks is its first rank's turned (see the module's doc).
+    fn check_turned(&mut self, host: usize) -> Result<(), String> {
+        let l = self.topo.per_host;
+        let first = host * l;
+        let base = plan_of(&mut self.layout, self.case, first)?;
+        for by in 1..l {
+            let plan = plan_of(&mut self.layout, self.case, first + by)?;
+            let same_host = |p: usize| p / l == host;
+            let bad = if plan.steps.len() != base.steps.len() {
+                Some(format!(
+                    "{} steps against {}",
+                    plan.steps.len(),
+                    base.steps.len()
+                ))
+            } else {
+                (base.steps.iter().zip(&plan.steps).enumerate())
+                    .find(|(_, (a, b))| !agrees(a, b, |p| self.turn(p, by), same_host, 1))
+                    .map(|(i, (a, b))| format!("step {i} is {:?} against {:?}", b.action, a.action))
+            };
+            if let Some(bad) = bad {
+                return Err(format!(
+                    "the plans are not symmetric by ranks inside a host: rank {} is not rank \
+                     {first} turned by {by}: {bad} (run every rank of a host: --locals {l})",
+                    first + by
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn run(&mut self) -> Result<(), String> {
         loop {
             while let Some((sim, step)) = self.ready.pop() {
@@ -298,7 +466,8 @@ impl Engine<'_> {
                     .map(|i| format!("step {i} {:?}", run.plan.steps[i].action))
                     .unwrap_or_default();
                 return Err(format!(
-                    "simulated rank {r} stopped with {} steps left, first {stuck}",
+                    "simulated rank {} stopped with {} steps left, first {stuck}",
+                    self.rank_of(r),
                     run.left
                 ));
             }
@@ -321,13 +490,14 @@ impl Engine<'_> {
     fn start(&mut self, sim: usize, step: usize) -> Result<(), String> {
         let esize = self.case.elem_bytes as f64;
         let action = self.runs[sim].plan.steps[step].action.clone();
+        let rank = self.rank_of(sim);
         match action {
             Action::Send { peer, from, .. } => {
-                let path = self.net.path(sim, peer);
+                let path = self.net.path(rank, peer);
                 let bytes = from.len as f64 * esize;
                 if bytes > 0.0 {
                     let limit = self.topo.channels;
-                    let ch = self.channels.entry((sim, peer)).or_default();
+                    let ch = self.channels.entry((rank, peer)).or_default();
                     if ch.0 < limit {
                         ch.0 += 1;
                         let job = Job::Send {
@@ -345,26 +515,30 @@ impl Engine<'_> {
                 }
             }
             Action::Recv { peer, tag, .. } => {
-                let key = (peer, sim, tag);
+                // Entries go once empty: the maps hold what is outstanding, not every tag.
+                let key = (peer, rank, tag);
                 match self.mailbox.get_mut(&key) {
                     Some(c) if *c > 0 => {
                         *c -= 1;
+                        if *c == 0 {
+                            self.mailbox.remove(&key);
+                        }
                         self.receive(sim, step);
                     }
                     _ => self.pending.entry(key).or_default().push_back((sim, step)),
                 }
             }
             Action::Copy { from, .. } => {
-                let work = self.net.work(sim, false);
+                let work = self.net.work(rank, false);
                 self.work(sim, step, from.len as f64 * esize, work);
             }
             Action::Divide { region } => {
-                let work = self.net.work(sim, true);
+                let work = self.net.work(rank, true);
                 self.work(sim, step, region.len as f64 * esize, work);
             }
             _ => {
                 return Err(format!(
-                    "rank {sim} step {step}: an action the simulator does not know: {action:?}"
+                    "rank {rank} step {step}: an action the simulator does not know: {action:?}"
                 ));
             }
         }
@@ -376,7 +550,8 @@ impl Engine<'_> {
         let Action::Send { peer, .. } = self.runs[sim].plan.steps[step].action else {
             return;
         };
-        let Some(ch) = self.channels.get_mut(&(sim, peer)) else {
+        let rank = self.rank_of(sim);
+        let Some(ch) = self.channels.get_mut(&(rank, peer)) else {
             return;
         };
         match ch.1.pop_front() {
@@ -413,7 +588,7 @@ impl Engine<'_> {
         };
         if reduce || seed.is_some() {
             let bytes = into.len as f64 * self.case.elem_bytes as f64;
-            let work = self.net.work(sim, true);
+            let work = self.net.work(self.rank_of(sim), true);
             self.work(sim, step, bytes, work);
         } else {
             self.done(sim, step);
@@ -434,8 +609,8 @@ impl Engine<'_> {
         }
     }
 
-    /// Step `step` of `sim`, a send, has left: deliver it α from now, to the rank in the
-    /// group that stands where its receiver does.
+    /// Step `step` of `sim`, a send, has left: deliver it α from now, to the rank simulated
+    /// that stands where its receiver does.
     fn sent(&mut self, sim: usize, step: usize, alpha: f64) -> Result<(), String> {
         let Action::Send {
             peer, tag, from, ..
@@ -443,16 +618,30 @@ impl Engine<'_> {
         else {
             return Err(format!("rank {sim} step {step} is not a send"));
         };
-        let (from_rank, to, tag) = if peer < self.span {
-            (sim, peer, tag)
+        let rank = self.rank_of(sim);
+        let l = self.topo.per_host;
+        let by = peer % l - peer % l % self.locals;
+        let (from_rank, to, tag) = if self.sim_of(peer).is_some() {
+            (rank, peer, tag)
+        } else if by > 0 {
+            // Inside the host: turn back by `by`; the sender so turned sends this with the
+            // same tag (checked before the run).
+            if peer / l != rank / l {
+                return Err(format!(
+                    "the plans are not symmetric by ranks inside a host: rank {rank} step \
+                     {step} sends to rank {peer} on another host and local place (run every \
+                     rank of a host: --locals {l})"
+                ));
+            }
+            (self.turn(rank, l - by), peer - by, tag)
         } else {
             // Move by whole groups so the receiver lands in the group: rotate (rings,
             // chains), or translate by XOR (recursive doubling and halving, whose partners
-            // differ in one bit). The sender is whichever image of `sim` really sends this.
+            // differ in one bit). The sender is whichever image of `rank` really sends this.
             let k = peer / self.span;
             let to = peer - k * self.span;
-            let rotated = (sim + self.world - k * self.span) % self.world;
-            let xored = sim ^ (k * self.span);
+            let rotated = (rank + self.world - k * self.span) % self.world;
+            let xored = rank ^ (k * self.span);
             match self.image_tag(rotated, step, to, from.len) {
                 Ok(tag) => (rotated, to, tag),
                 Err(rotation) if xored < self.world => {
@@ -500,7 +689,14 @@ impl Engine<'_> {
 
     fn arrive(&mut self, from: usize, to: usize, tag: u32) {
         let key = (from, to, tag);
-        match self.pending.get_mut(&key).and_then(|q| q.pop_front()) {
+        let waiting = self
+            .pending
+            .get_mut(&key)
+            .map(|q| (q.pop_front(), q.is_empty()));
+        if let Some((_, true)) = waiting {
+            self.pending.remove(&key);
+        }
+        match waiting.and_then(|(first, _)| first) {
             Some((sim, step)) => self.receive(sim, step),
             None => *self.mailbox.entry(key).or_insert(0) += 1,
         }

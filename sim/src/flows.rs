@@ -33,6 +33,8 @@ struct Flow {
     seq: u64,
     /// Bumped at every new rate: a heap entry with an older one is stale.
     version: u64,
+    /// The rate before the last computation began (its end stands if the rate is unchanged).
+    before: f64,
 }
 
 /// An expected end: (time as ordered bits, start order, flow, version).
@@ -61,6 +63,8 @@ pub struct Flows {
     flow_mark: Vec<u64>,
     left: Vec<f64>,
     weight: Vec<f64>,
+    /// Unfrozen flows through each resource while rates are computed.
+    unfrozen: Vec<usize>,
 }
 
 /// Below this many bytes a flow counts as finished (rounding of rate × time).
@@ -82,6 +86,7 @@ impl Flows {
         self.res_mark.push(0);
         self.left.push(0.0);
         self.weight.push(0.0);
+        self.unfrozen.push(0);
         self.capacity.len() - 1
     }
 
@@ -101,6 +106,7 @@ impl Flows {
             live: true,
             seq: self.seq,
             version: 0,
+            before: -1.0,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -216,58 +222,68 @@ impl Flows {
         for &r in &res {
             self.left[r] = self.capacity[r];
             self.weight[r] = 0.0;
+            self.unfrozen[r] = 0;
         }
         for &id in &comp {
             let f = &mut self.flows[id];
             f.remaining = (f.remaining - f.rate * (now - f.stamp)).max(0.0);
             f.stamp = now;
+            f.before = f.rate;
             f.rate = 0.0;
             for &(r, c) in &f.path {
                 self.weight[r] += c;
+                self.unfrozen[r] += 1;
             }
         }
-        let mut unfrozen = comp.clone();
+        // Progressive filling, a resource at a time: every unfrozen flow runs at the same
+        // level, so resource r fills at level left[r] / weight[r] (left: its capacity less
+        // what frozen flows use). Take the resource that fills first, freeze the flows
+        // through it at that level, update the resources on their paths; a heap keeps the
+        // next (entries made stale by an update are skipped), so the cost grows with the
+        // component's flows and paths, not with them times the number of levels.
+        let fills = |left: f64, weight: f64| (left.max(0.0) / weight).to_bits();
+        let mut heap: BinaryHeap<Reverse<(u64, ResourceId)>> = res
+            .iter()
+            .filter(|&&r| self.weight[r] > 0.0)
+            .map(|&r| Reverse((fills(self.left[r], self.weight[r]), r)))
+            .collect();
+        let frozen = epoch.wrapping_neg();
         let mut level = 0.0;
-        while !unfrozen.is_empty() {
-            // The smallest further raise some resource allows.
-            let step = res
-                .iter()
-                .filter(|&&r| self.weight[r] > 0.0)
-                .map(|&r| self.left[r] / self.weight[r])
-                .fold(f64::INFINITY, f64::min);
-            if !step.is_finite() {
-                break;
+        while let Some(Reverse((bits, r))) = heap.pop() {
+            if self.unfrozen[r] == 0 || fills(self.left[r], self.weight[r]) != bits {
+                continue;
             }
-            level += step.max(0.0);
-            for &r in &res {
-                self.left[r] -= step * self.weight[r];
-            }
-            // Freeze the flows through a full resource.
-            let (capacity, left, weight, flows) = (
-                &self.capacity,
-                &mut self.left,
-                &mut self.weight,
-                &mut self.flows,
-            );
-            unfrozen.retain(|&id| {
-                let full = flows[id]
-                    .path
-                    .iter()
-                    .any(|&(r, _)| left[r] <= capacity[r] * 1e-12);
-                if full {
-                    flows[id].rate = level;
-                    for &(r, c) in &flows[id].path {
-                        weight[r] -= c;
+            level = f64::from_bits(bits);
+            for k in 0..self.users[r].len() {
+                let id = self.users[r][k];
+                if self.flow_mark[id] == frozen {
+                    continue;
+                }
+                self.flow_mark[id] = frozen;
+                self.flows[id].rate = level;
+                for &(q, c) in &self.flows[id].path {
+                    self.left[q] -= level * c;
+                    self.weight[q] -= c;
+                    self.unfrozen[q] -= 1;
+                    if self.unfrozen[q] > 0 && self.weight[q] > 0.0 {
+                        heap.push(Reverse((fills(self.left[q], self.weight[q]), q)));
                     }
                 }
-                !full
-            });
+            }
         }
-        for id in unfrozen {
-            self.flows[id].rate = level;
+        // A flow with no positive use of any resource is not held back by one.
+        for &id in &comp {
+            if self.flow_mark[id] != frozen {
+                self.flows[id].rate = level;
+            }
         }
         for id in comp {
             let f = &mut self.flows[id];
+            // Same rate, same end: the heap's entry stands (a large component would
+            // otherwise fill the heap with stale ends at every event).
+            if f.rate == f.before && f.rate > 0.0 && f.remaining > DONE {
+                continue;
+            }
             f.version += 1;
             if f.remaining <= DONE {
                 self.ends

@@ -3,7 +3,8 @@
 //! path and latency of a message between two ranks.
 //!
 //! In a symmetric run only the first `group` hosts have resources: a rank on host h uses
-//! those of host h mod group. That is exact when every group of hosts carries the same
+//! those of host h mod group (and, where only the first `locals` ranks of a host are
+//! simulated, local rank i those of local rank i mod `locals`). That is exact when every group of hosts carries the same
 //! load at the same time (`engine` checks the plans agree), which the simulator relies on
 //! to run 10k-100k ranks by simulating one group.
 
@@ -24,6 +25,8 @@ pub struct Network {
     topo: Topology,
     /// Hosts with resources (all, or one group in a symmetric run).
     group: usize,
+    /// Ranks per host with resources (`per_host`, or fewer in a symmetric run).
+    locals: usize,
     /// Each rank's device (capacity 1: a byte reduced costs 1/reduce, copied 1/copy).
     dev: Vec<ResourceId>,
     /// Each host's cores, where ranks are CPU threads.
@@ -43,9 +46,9 @@ pub struct Network {
 impl Network {
     /// The resources of the first `group` hosts of `topo` (`group` = all hosts for an exact
     /// run; otherwise a multiple of the leaf size and of the vendor pattern's period).
-    pub fn new(topo: &Topology, group: usize) -> Network {
+    pub fn new(topo: &Topology, group: usize, locals: usize) -> Network {
         let mut flows = Flows::new();
-        let (l, nics) = (topo.per_host, topo.nics);
+        let (l, nics) = (locals, topo.nics);
         let mut dev = Vec::new();
         let mut cpu = Vec::new();
         let (mut up, mut down) = (Vec::new(), Vec::new());
@@ -104,6 +107,7 @@ impl Network {
             flows,
             topo: topo.clone(),
             group,
+            locals,
             dev,
             cpu,
             up,
@@ -118,7 +122,8 @@ impl Network {
     }
 
     fn res_rank(&self, rank: usize) -> usize {
-        rank % (self.group * self.topo.per_host)
+        let l = self.topo.per_host;
+        (rank / l % self.group) * self.locals + rank % l % self.locals
     }
 
     /// What `bytes` of device work on `rank` use per byte: its device (and its host's cores
@@ -134,7 +139,7 @@ impl Network {
     }
 
     fn res_host(&self, rank: usize) -> usize {
-        self.res_rank(rank) / self.topo.per_host
+        self.res_rank(rank) / self.locals
     }
 
     /// The cores `rank` runs on: its host's, or this machine's in the `local` model.
@@ -169,7 +174,8 @@ impl Network {
                 alpha: t.vendor(hs).intra.alpha,
             };
         }
-        let (ks, kd) = (src % t.per_host % t.nics, dst % t.per_host % t.nics);
+        let nic = |r: usize| r % t.per_host % self.locals % t.nics;
+        let (ks, kd) = (nic(src), nic(dst));
         let (gs, gd) = (hs % self.group, hd % self.group);
         let mut resources = vec![
             (self.tx[gs * t.nics + ks], 1.0),
@@ -227,7 +233,7 @@ mod tests {
     fn paths_climb_only_as_far_as_they_must() {
         let t = Topology::parse("cluster,per-host=2,nic=2x10@5,leaf=2,pod=2,oversub=2", 16)
             .expect("spec");
-        let net = Network::new(&t, t.hosts);
+        let net = Network::new(&t, t.hosts, t.per_host);
         // Same host: the two ports.
         assert_eq!(net.path(0, 1).resources.len(), 2);
         // Hosts 0 and 1, same rail: NICs only (one leaf).
@@ -241,7 +247,7 @@ mod tests {
         assert!((net.path(0, 8).alpha - 5e-6).abs() < 1e-12);
         // Without oversubscription the uplinks cannot bind and are left out.
         let flat = Topology::parse("cluster,per-host=2,nic=2x10@5,leaf=2,pod=2", 16).expect("spec");
-        let net = Network::new(&flat, flat.hosts);
+        let net = Network::new(&flat, flat.hosts, flat.per_host);
         assert_eq!(net.path(0, 8).resources.len(), 2);
     }
 }

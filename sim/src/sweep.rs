@@ -2,7 +2,7 @@
 //! algorithm BCL's selector would pick (or the one asked), bcl-bench's table and JSON rows.
 
 use crate::args::Args;
-use crate::engine::{self, Case};
+use crate::engine::{self, Case, Group};
 use crate::network::leaf_size;
 use crate::topology::Topology;
 use bcl_bench::args::CollectiveName;
@@ -47,6 +47,62 @@ pub fn group(args: &Args, topo: &Topology) -> usize {
     }
 }
 
+/// The ranks of each host simulated for all: `--locals`, or one beyond [`EXACT_UP_TO`] ranks
+/// where a host's ranks share nothing, or all.
+pub fn locals(args: &Args, topo: &Topology) -> usize {
+    match args.locals {
+        Some(0) => topo.per_host,
+        Some(l) => l,
+        None if topo.world() > EXACT_UP_TO
+            && args.group != Some(0)
+            && engine::ranks_share_nothing(topo) =>
+        {
+            1
+        }
+        None => topo.per_host,
+    }
+}
+
+/// The groups to try in turn: the one asked or chosen, then (where it was chosen, and a
+/// plan turns out not symmetric) every host with its chosen ranks, then every rank.
+fn groups(args: &Args, topo: &Topology) -> Vec<Group> {
+    let first = Group {
+        hosts: group(args, topo),
+        locals: locals(args, topo),
+    };
+    let mut out = vec![first];
+    if args.group.is_none() && args.locals.is_none() {
+        for g in [
+            Group {
+                hosts: topo.hosts,
+                locals: first.locals,
+            },
+            Group::all(topo),
+        ] {
+            if !out.contains(&g) {
+                out.push(g);
+            }
+        }
+    }
+    out
+}
+
+/// What each group stands for, for the header.
+fn describe(g: Group, topo: &Topology) -> String {
+    match (g.hosts == topo.hosts, g.locals == topo.per_host) {
+        (true, true) => "every rank".into(),
+        (false, true) => "one group of hosts stands for all".into(),
+        (true, false) => format!(
+            "{} rank(s) of each host stand for its {}",
+            g.locals, topo.per_host
+        ),
+        (false, false) => format!(
+            "one group of hosts stands for all, {} rank(s) of each for its {}",
+            g.locals, topo.per_host
+        ),
+    }
+}
+
 /// The rows of the sweep.
 pub fn run(
     args: &Args,
@@ -66,17 +122,13 @@ pub fn run(
         "auto" => None,
         a => Some(a.parse()?),
     };
-    let group = group(args, topo);
+    let groups = groups(args, topo);
     let (reduces, rooted) = (args.collective.reduces(), args.collective.rooted());
     print(&format!("# bcl-sim: {n} ranks, {}", topo.describe()));
     print(&format!(
         "# simulated: {} of {n} ranks ({})",
-        group * topo.per_host,
-        if group == topo.hosts {
-            "every rank"
-        } else {
-            "one group of hosts stands for all"
-        }
+        groups[0].hosts * groups[0].locals,
+        describe(groups[0], topo)
     ));
     print(&table::header());
     let mut all = Vec::new();
@@ -91,35 +143,41 @@ pub fn run(
                 .unwrap_or_else(|| select(c, count * dtype.size(), topo.fabric()))
                 .for_collective(c),
         };
-        let mut pair = Vec::new();
-        for in_place in [false, true] {
-            let case = Case {
-                collective: c,
-                sendrecv: args.collective == CollectiveName::Sendrecv,
-                algorithm,
-                count,
-                elem_bytes: dtype.size(),
-                in_place,
-                slice_elems: (args.slice_bytes / dtype.size()).max(1),
+        let case = |in_place| Case {
+            collective: c,
+            sendrecv: args.collective == CollectiveName::Sendrecv,
+            algorithm,
+            count,
+            elem_bytes: dtype.size(),
+            in_place,
+            slice_elems: (args.slice_bytes / dtype.size()).max(1),
+        };
+        // Plans that are not symmetric (recursive doubling's pairing step on hosts that are
+        // not a power of two, halving-doubling by groups, trees) run with the next group:
+        // every host, then every rank.
+        let mut tried = groups.iter().peekable();
+        let both = loop {
+            let Some(&g) = tried.next() else {
+                return Err("no group of ranks to simulate".into());
             };
-            let out = match engine::simulate(topo, &case, group) {
-                // Plans that are not symmetric (recursive doubling's pairing step on hosts
-                // that are not a power of two, trees) run rank by rank.
-                Err(e)
-                    if group != topo.hosts
-                        && args.group.is_none()
-                        && e.contains("not symmetric") =>
-                {
-                    if !in_place {
+            let both = engine::simulate_group(topo, &case(false), g)
+                .and_then(|a| Ok((a, engine::simulate_group(topo, &case(true), g)?)));
+            match both {
+                Err(e) if e.contains("not symmetric") && tried.peek().is_some() => {
+                    if let Some(&&next) = tried.peek() {
                         print(&format!(
-                            "# {size} B: {} plans not symmetric by groups, every rank simulated",
-                            algorithm.name()
+                            "# {size} B: {} plans not symmetric where {}; now {}",
+                            algorithm.name(),
+                            describe(g, topo),
+                            describe(next, topo)
                         ));
                     }
-                    engine::simulate(topo, &case, topo.hosts)?
                 }
-                other => other?,
-            };
+                other => break other?,
+            }
+        };
+        let mut pair = Vec::new();
+        for (in_place, out) in [(false, both.0), (true, both.1)] {
             let time_us = out.seconds * 1e6;
             let algbw = if time_us > 0.0 {
                 size as f64 / time_us / 1e3

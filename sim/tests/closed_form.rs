@@ -3,7 +3,7 @@
 
 use bcl_core::ReduceOp;
 use bcl_core::schedule::{Algorithm, Collective};
-use bcl_sim::engine::{Case, simulate, simulate_within};
+use bcl_sim::engine::{Case, Group, simulate, simulate_group, simulate_within};
 use bcl_sim::topology::Topology;
 
 fn case(algorithm: Algorithm, count: usize, slice_elems: usize) -> Case {
@@ -96,10 +96,81 @@ fn symmetric_runs_of_recursive_doubling_on_a_power_of_two_equal_the_exact_run() 
 fn a_run_too_large_for_memory_is_refused_before_it_starts() {
     let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 64).expect("spec");
     let c = case(Algorithm::Ring, 1 << 22, 1 << 10);
-    let e = simulate_within(&t, &c, t.hosts, 10_000).expect_err("refused");
+    let e = simulate_within(&t, &c, Group::all(&t), 10_000).expect_err("refused");
     assert!(
         e.contains("too large to simulate") && e.contains("10000"),
         "{e}"
     );
-    assert!(simulate_within(&t, &c, t.hosts, usize::MAX).is_ok());
+    assert!(simulate_within(&t, &c, Group::all(&t), usize::MAX).is_ok());
+}
+
+#[test]
+fn one_rank_per_host_standing_for_its_host_equals_the_exact_run() {
+    // 16 hosts (a power of two) and 6 (halving-doubling's and doubling's pairing step), an
+    // even count and one that leaves parts one element apart (as many slices each). Links
+    // inside a host slower than the NICs, so that its phases weigh in the time.
+    let spec = "cluster,per-host=4,nic=4x25@5,leaf=4,intra=5@2";
+    for (world, count) in [(64, 1 << 22), (24, 3_000_001), (24, 1 << 20)] {
+        let t = Topology::parse(spec, world).expect("spec");
+        for algorithm in [
+            Algorithm::HierRing,
+            Algorithm::HierDoubling,
+            Algorithm::HierHalving,
+        ] {
+            let c = case(algorithm, count, 1 << 17);
+            let exact = simulate(&t, &c, t.hosts).expect("exact");
+            let one = Group {
+                hosts: t.hosts,
+                locals: 1,
+            };
+            let sym = simulate_group(&t, &c, one).expect("one rank per host");
+            assert_eq!(sym.simulated_ranks, t.hosts);
+            let err = (sym.seconds - exact.seconds).abs() / exact.seconds;
+            assert!(
+                err < 1e-6,
+                "{algorithm:?}, {world} ranks, {count}: {} vs {}",
+                sym.seconds,
+                exact.seconds
+            );
+        }
+    }
+    // With groups of hosts as well: 4 of 16 hosts, one rank each, for a ring between hosts.
+    let t = Topology::parse(spec, 64).expect("spec");
+    let c = case(Algorithm::HierRing, 1 << 22, 1 << 17);
+    let exact = simulate(&t, &c, t.hosts).expect("exact");
+    let sym = simulate_group(
+        &t,
+        &c,
+        Group {
+            hosts: 4,
+            locals: 1,
+        },
+    )
+    .expect("4 ranks");
+    assert_eq!(sym.simulated_ranks, 4);
+    assert!((sym.seconds - exact.seconds).abs() / exact.seconds < 1e-6);
+}
+
+#[test]
+fn ranks_of_a_host_that_are_not_turned_copies_are_all_simulated() {
+    let t = Topology::parse("cluster,per-host=4,nic=4x25@5,leaf=4", 32).expect("spec");
+    let one = Group {
+        hosts: t.hosts,
+        locals: 1,
+    };
+    // A flat ring: the last rank of a host sends to the next host, the others inside it.
+    let e = simulate_group(&t, &case(Algorithm::Ring, 1 << 20, 1 << 17), one).expect_err("ring");
+    assert!(e.contains("not symmetric by ranks inside a host"), "{e}");
+    // A small allreduce runs on the first rank of each host only.
+    let e = simulate_group(&t, &case(Algorithm::HierDoubling, 64, 64), one).expect_err("small");
+    assert!(e.contains("not symmetric by ranks inside a host"), "{e}");
+    // Parts of 1048577 and 1048576 elements: 9 slices against 8.
+    let c = case(Algorithm::HierHalving, (1 << 22) + 3, 1 << 17);
+    let e = simulate_group(&t, &c, one).expect_err("unequal slices");
+    assert!(e.contains("not symmetric by ranks inside a host"), "{e}");
+    // Ranks that share a NIC (2 per host of 4) load it together: one cannot stand for both.
+    let shared = Topology::parse("cluster,per-host=4,nic=2x25@5,leaf=4", 32).expect("spec");
+    let c = case(Algorithm::HierRing, 1 << 20, 1 << 17);
+    let e = simulate_group(&shared, &c, one).expect_err("shared NICs");
+    assert!(e.contains("share cores, NICs or uplinks"), "{e}");
 }

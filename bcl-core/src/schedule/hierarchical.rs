@@ -52,14 +52,27 @@ const RESULT_TAGS: u32 = 1 << 22;
 const MAX_SEGMENTS: usize = 250;
 
 /// Whether the hierarchical plans fit their tag ranges for this call. Every rank computes the
-/// same answer (from the layout's hosts, the count and the slice size); where it is false
-/// the flat ring runs instead.
-pub(crate) fn plannable(layout: &Layout, count: usize, slice: usize) -> bool {
+/// same answer (from the layout's hosts, the count, the slice size and `rails`: the algorithm
+/// between hosts of an allreduce, `None` for the other collectives); where it is false the
+/// flat ring runs instead.
+pub(crate) fn plannable(
+    layout: &Layout,
+    count: usize,
+    slice: usize,
+    rails: Option<Algorithm>,
+) -> bool {
     let hosts = layout.hosts().len();
     let slices = count.div_ceil(slice.max(1)) + MAX_SEGMENTS;
-    // A flat plan among h ranks uses fewer than 2·(h + 1)·slices tags (ring: 2(h−1)·slices;
-    // doubling and halving: 2·log2(h) + 2 per slice at most).
-    let rail_tags = 2usize.saturating_mul(hosts + 1).saturating_mul(slices);
+    // Tags per slice of a flat plan among h ranks: doubling and halving 2·⌈log2 h⌉ + 2 at
+    // most; a ring 2(h−1), and fewer than 2(h + 1) for the rest. Bounding every rail by the
+    // ring's sent 1 GiB on 12500 hosts (100k ranks) to the flat ring.
+    let per_slice = match rails {
+        Some(Algorithm::HalvingDoubling | Algorithm::RecursiveDoubling) => {
+            2 * hosts.next_power_of_two().trailing_zeros() as usize + 2
+        }
+        _ => 2usize.saturating_mul(hosts + 1),
+    };
+    let rail_tags = per_slice.saturating_mul(slices);
     let largest = layout.hosts().iter().map(Vec::len).max().unwrap_or(1);
     largest <= MAX_SEGMENTS && slices < RESULT_TAGS as usize && rail_tags < (1 << RAIL_SHIFT)
 }
@@ -744,4 +757,53 @@ pub(crate) fn all_gather(
 /// Where a rank's own contribution is.
 fn source(in_place: bool) -> BufferId {
     if in_place { Output } else { Input }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(hosts: usize, per_host: usize) -> Layout {
+        let n = hosts * per_host;
+        let groups = (0..hosts)
+            .map(|h| (h * per_host..(h + 1) * per_host).collect())
+            .collect();
+        (Layout::new(0, (0..n).collect()).and_then(|l| l.with_hosts(groups))).expect("a layout")
+    }
+
+    #[test]
+    fn rails_of_halving_and_doubling_fit_where_a_rings_would_not() {
+        // 100k ranks on hosts of 8, 1 GiB of f32 in 512 KiB slices: a ring rail would need
+        // 2·12499·2048 tags, halving-doubling 2·14 + 2 per slice.
+        let big = layout(12500, 8);
+        let (count, slice) = (1 << 28, 1 << 17);
+        assert!(!plannable(&big, count, slice, Some(Algorithm::Ring)));
+        assert!(!plannable(&big, count, slice, None));
+        for rails in [Algorithm::HalvingDoubling, Algorithm::RecursiveDoubling] {
+            assert!(plannable(&big, count, slice, Some(rails)), "{rails:?}");
+        }
+        // Every rail's tags stay in its own range: those of rank 0's rail (segment 0).
+        let sum = Collective::AllReduce { op: ReduceOp::Sum };
+        let plan = build_plan(sum, Algorithm::HierHalving, &big, count, true, slice);
+        let rail = (1u32 << RAIL_SHIFT)..(2u32 << RAIL_SHIFT);
+        let mut between = 0;
+        for step in &plan.steps {
+            let (peer, tag) = match step.action {
+                Action::Send { peer, tag, .. } | Action::Recv { peer, tag, .. } => (peer, tag),
+                _ => continue,
+            };
+            if big.host_of(peer) != 0 {
+                between += 1;
+                assert!(rail.contains(&tag), "tag {tag:#x} to rank {peer}");
+            }
+        }
+        assert!(between > 0, "no step between hosts: the flat ring ran");
+        // Small enough for a ring rail: unchanged.
+        assert!(plannable(
+            &layout(4, 8),
+            count,
+            slice,
+            Some(Algorithm::Ring)
+        ));
+    }
 }

@@ -633,8 +633,11 @@ pub fn build_plan(
     let slice = slice_elems.max(1);
     let (n, rank) = (layout.world(), layout.rank());
     let mut b = PlanBuilder::new();
+    let rails = matches!(collective, Collective::AllReduce { .. })
+        .then(|| algorithm.between_hosts())
+        .flatten();
     if let Some(between) = algorithm.between_hosts()
-        && hierarchical::plannable(layout, count, slice)
+        && hierarchical::plannable(layout, count, slice, rails)
     {
         match collective {
             Collective::AllReduce { op } => {

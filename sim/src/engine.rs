@@ -77,6 +77,8 @@ struct RankRun {
     waiting: Vec<usize>,
     left: usize,
     end: f64,
+    /// Per step, where recorded: when it started, its message arrived (receives), it ended.
+    times: Vec<[f64; 3]>,
 }
 
 /// The layout BCL would give `rank`: hosts in ring order, a weight per rank from its
@@ -187,6 +189,59 @@ pub fn simulate_within(
     g: Group,
     max_steps: usize,
 ) -> Result<Outcome, String> {
+    let mut e = engine(topo, case, g, max_steps, false)?;
+    e.run()?;
+    Ok(e.outcome())
+}
+
+/// Two cases on the same ranks (out of place, then in place). The second runs only where it
+/// might take another time: its plans are the first's (actions, peers, tags, sizes) but for
+/// dependencies it adds, and each of those was done, in the first run, strictly before the
+/// step that gains it started (a receive: before it started or its message arrived,
+/// whichever was later). Then every step of the second starts, receives and ends when the
+/// first's did, and the first's outcome stands for both. (In place, phase 3 of the
+/// hierarchical allreduce waits for phase 1's sends out of the same region, long done.)
+pub fn simulate_both(
+    topo: &Topology,
+    first: &Case,
+    second: &Case,
+    g: Group,
+) -> Result<Both, String> {
+    let mut e = engine(topo, first, g, MAX_STEPS, true)?;
+    e.run()?;
+    let out = e.outcome();
+    if e.same_times(second)? {
+        return Ok(Both {
+            first: out.clone(),
+            second: out,
+            second_ran: false,
+        });
+    }
+    drop(e);
+    Ok(Both {
+        first: out,
+        second: simulate_within(topo, second, g, MAX_STEPS)?,
+        second_ran: true,
+    })
+}
+
+/// What [`simulate_both`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Both {
+    pub first: Outcome,
+    pub second: Outcome,
+    /// Whether the second case was run (or the first's outcome stood for it).
+    pub second_ran: bool,
+}
+
+/// An engine with the plans of `g`'s ranks for `case`, ready to run.
+fn engine<'a>(
+    topo: &'a Topology,
+    case: &'a Case,
+    g: Group,
+    max_steps: usize,
+    record: bool,
+) -> Result<Engine<'a>, String> {
     let n = topo.world();
     let group = g.hosts;
     if group == 0 || group > topo.hosts || !topo.hosts.is_multiple_of(group) {
@@ -248,7 +303,7 @@ pub fn simulate_within(
     };
     if g.locals < topo.per_host {
         for host in [0, topo.hosts - 1] {
-            e.check_turned(host)?;
+            e.check_turned(case, host)?;
         }
     }
     let sims = group * g.locals;
@@ -273,21 +328,22 @@ pub fn simulate_within(
                 e.ready.push((r, i));
             }
         }
+        let times = if record {
+            vec![[f64::NAN; 3]; plan.steps.len()]
+        } else {
+            Vec::new()
+        };
         e.runs.push(RankRun {
             left: plan.steps.len(),
             plan,
             waiting,
             end: 0.0,
+            times,
         });
     }
     // Start in plan order.
     e.ready.reverse();
-    e.run()?;
-    Ok(Outcome {
-        seconds: e.runs.iter().map(|r| r.end).fold(0.0, f64::max),
-        simulated_ranks: sims,
-        steps: e.steps,
-    })
+    Ok(e)
 }
 
 /// Whether two steps agree once the first is turned: same kind, peers (`turn` maps the
@@ -375,6 +431,72 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            seconds: self.runs.iter().map(|r| r.end).fold(0.0, f64::max),
+            simulated_ranks: self.runs.len(),
+            steps: self.steps,
+        }
+    }
+
+    /// Whether `other` would run as this recorded run did (see [`simulate_both`]).
+    fn same_times(&mut self, other: &Case) -> Result<bool, String> {
+        // The second case's plans turn as the first's did (where one rank stands for its host).
+        if self.locals < self.topo.per_host {
+            for host in [0, self.topo.hosts - 1] {
+                if self.check_turned(other, host).is_err() {
+                    return Ok(false);
+                }
+            }
+        }
+        // Images of senders outside the group lend their tags: the same actions.
+        let images: Vec<usize> = self.others.keys().copied().collect();
+        for rank in images {
+            let a = plan_of(&mut self.layout, self.case, rank)?;
+            let b = plan_of(&mut self.layout, other, rank)?;
+            let same = a.steps.len() == b.steps.len()
+                && (a.steps.iter().zip(&b.steps)).all(|(x, y)| {
+                    let mut plain = y.clone();
+                    plain.deps.clone_from(&x.deps);
+                    agrees(x, &plain, |p| p, |_| true, 0)
+                });
+            if !same {
+                return Ok(false);
+            }
+        }
+        for sim in 0..self.runs.len() {
+            let rank = self.rank_of(sim);
+            let b = plan_of(&mut self.layout, other, rank)?;
+            let run = &self.runs[sim];
+            if b.steps.len() != run.plan.steps.len() {
+                return Ok(false);
+            }
+            for (i, (x, y)) in run.plan.steps.iter().zip(&b.steps).enumerate() {
+                let mut plain = y.clone();
+                plain.deps.clone_from(&x.deps);
+                if !agrees(x, &plain, |p| p, |_| true, 0) {
+                    return Ok(false);
+                }
+                if x.deps == y.deps {
+                    continue;
+                }
+                let [started, arrived, _] = run.times[i];
+                let by = if arrived.is_nan() {
+                    started
+                } else {
+                    started.max(arrived)
+                };
+                let kept = x.deps.iter().all(|d| y.deps.contains(d));
+                let idle =
+                    (y.deps.iter().filter(|d| !x.deps.contains(d))).all(|&d| run.times[d][2] < by);
+                if !(kept && idle) {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// The rank simulated as `sim`.
     fn rank_of(&self, sim: usize) -> usize {
         (sim / self.locals) * self.topo.per_host + sim % self.locals
@@ -393,12 +515,12 @@ impl Engine<'_> {
     }
 
     /// Every plan of `host`'s ranks is its first rank's turned (see the module's doc).
-    fn check_turned(&mut self, host: usize) -> Result<(), String> {
+    fn check_turned(&mut self, case: &Case, host: usize) -> Result<(), String> {
         let l = self.topo.per_host;
         let first = host * l;
-        let base = plan_of(&mut self.layout, self.case, first)?;
+        let base = plan_of(&mut self.layout, case, first)?;
         for by in 1..l {
-            let plan = plan_of(&mut self.layout, self.case, first + by)?;
+            let plan = plan_of(&mut self.layout, case, first + by)?;
             let same_host = |p: usize| p / l == host;
             let bad = if plan.steps.len() != base.steps.len() {
                 Some(format!(
@@ -488,6 +610,9 @@ impl Engine<'_> {
     }
 
     fn start(&mut self, sim: usize, step: usize) -> Result<(), String> {
+        if let Some(t) = self.runs[sim].times.get_mut(step) {
+            t[0] = self.now;
+        }
         let esize = self.case.elem_bytes as f64;
         let action = self.runs[sim].plan.steps[step].action.clone();
         let rank = self.rank_of(sim);
@@ -580,6 +705,9 @@ impl Engine<'_> {
 
     /// A receive whose message is here.
     fn receive(&mut self, sim: usize, step: usize) {
+        if let Some(t) = self.runs[sim].times.get_mut(step) {
+            t[1] = self.now;
+        }
         let Action::Recv {
             into, reduce, seed, ..
         } = self.runs[sim].plan.steps[step].action
@@ -598,6 +726,9 @@ impl Engine<'_> {
     fn done(&mut self, sim: usize, step: usize) {
         self.steps += 1;
         let run = &mut self.runs[sim];
+        if let Some(t) = run.times.get_mut(step) {
+            t[2] = self.now;
+        }
         run.left -= 1;
         run.end = run.end.max(self.now);
         for k in 0..run.plan.dependents[step].len() {

@@ -160,9 +160,7 @@ pub fn run(
             let Some(&g) = tried.next() else {
                 return Err("no group of ranks to simulate".into());
             };
-            let both = engine::simulate_group(topo, &case(false), g)
-                .and_then(|a| Ok((a, engine::simulate_group(topo, &case(true), g)?)));
-            match both {
+            match engine::simulate_both(topo, &case(false), &case(true), g) {
                 Err(e) if e.contains("not symmetric") && tried.peek().is_some() => {
                     if let Some(&&next) = tried.peek() {
                         print(&format!(
@@ -177,7 +175,7 @@ pub fn run(
             }
         };
         let mut pair = Vec::new();
-        for (in_place, out) in [(false, both.0), (true, both.1)] {
+        for (in_place, out) in [(false, both.first), (true, both.second)] {
             let time_us = out.seconds * 1e6;
             let algbw = if time_us > 0.0 {
                 size as f64 / time_us / 1e3

@@ -3,7 +3,7 @@
 
 use bcl_core::ReduceOp;
 use bcl_core::schedule::{Algorithm, Collective};
-use bcl_sim::engine::{Case, Group, simulate, simulate_group, simulate_within};
+use bcl_sim::engine::{Case, Group, simulate, simulate_both, simulate_group, simulate_within};
 use bcl_sim::topology::Topology;
 
 fn case(algorithm: Algorithm, count: usize, slice_elems: usize) -> Case {
@@ -173,4 +173,55 @@ fn ranks_of_a_host_that_are_not_turned_copies_are_all_simulated() {
     let c = case(Algorithm::HierRing, 1 << 20, 1 << 17);
     let e = simulate_group(&shared, &c, one).expect_err("shared NICs");
     assert!(e.contains("share cores, NICs or uplinks"), "{e}");
+}
+
+#[test]
+fn an_in_place_run_taken_from_the_out_of_place_one_equals_its_own_run() {
+    // Hosts of 4, and hosts of 1, where out of place the hierarchical plans copy first.
+    let hosts_of_4 = "cluster,per-host=4,nic=4x25@5,leaf=4,intra=5@2";
+    let hosts_of_1 = "cluster,per-host=1,nic=1x25@5,leaf=4";
+    let mut reused = 0;
+    let mut cases = 0;
+    for (spec, algorithm) in [hosts_of_4, hosts_of_1].into_iter().flat_map(|spec| {
+        [
+            Algorithm::Ring,
+            Algorithm::RecursiveDoubling,
+            Algorithm::HalvingDoubling,
+            Algorithm::HierRing,
+            Algorithm::HierDoubling,
+            Algorithm::HierHalving,
+        ]
+        .map(|a| (spec, a))
+    }) {
+        let t = Topology::parse(spec, 32).expect("spec");
+        for count in [1 << 10, 1 << 20, 3_000_001] {
+            let oop = case(algorithm, count, 1 << 17);
+            let ip = Case {
+                in_place: true,
+                ..oop.clone()
+            };
+            for g in [
+                Group::all(&t),
+                Group {
+                    hosts: 8,
+                    locals: 1,
+                },
+            ] {
+                if g.hosts > t.hosts || !t.hosts.is_multiple_of(g.hosts) {
+                    continue;
+                }
+                let Ok(both) = simulate_both(&t, &oop, &ip, g) else {
+                    continue; // not symmetric by one rank per host: refused, as tested above
+                };
+                let alone = simulate_group(&t, &ip, g).expect("in place");
+                assert_eq!(both.second, alone, "{algorithm:?} {count} {g:?}");
+                let first = simulate_group(&t, &oop, g).expect("out of place");
+                assert_eq!(both.first, first, "{algorithm:?} {count} {g:?}");
+                cases += 1;
+                reused += usize::from(!both.second_ran);
+            }
+        }
+    }
+    // The shortcut is taken somewhere (the hierarchical plans) and not everywhere.
+    assert!(reused > 0 && reused < cases, "{reused} of {cases} reused");
 }

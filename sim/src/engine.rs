@@ -346,10 +346,10 @@ fn engine<'a>(
     Ok(e)
 }
 
-/// Whether two steps agree once the first is turned: same kind, peers (`turn` maps the
-/// first's), tags for messages inside the host (`same_host`), sizes within `slack` elements,
-/// dependencies.
-fn agrees(
+/// Whether two steps do the same once the first is turned: same kind, peers (`turn` maps the
+/// first's), tags for messages inside the host (`same_host`), sizes within `slack` elements.
+/// Dependencies are not compared.
+fn same_action(
     a: &Step,
     b: &Step,
     turn: impl Fn(usize) -> usize,
@@ -357,7 +357,7 @@ fn agrees(
     slack: usize,
 ) -> bool {
     let near = |x: usize, y: usize| x.abs_diff(y) <= slack;
-    let actions = match (&a.action, &b.action) {
+    match (&a.action, &b.action) {
         (
             Action::Send {
                 peer, tag, from, ..
@@ -393,8 +393,7 @@ fn agrees(
         (Action::Copy { from, .. }, Action::Copy { from: f2, .. }) => near(from.len, f2.len),
         (Action::Divide { region }, Action::Divide { region: r2 }) => near(region.len, r2.len),
         _ => false,
-    };
-    actions && a.deps == b.deps
+    }
 }
 
 /// A send waiting its turn on its channel: (rank, step, bytes, path, α).
@@ -452,14 +451,11 @@ impl Engine<'_> {
         // Images of senders outside the group lend their tags: the same actions.
         let images: Vec<usize> = self.others.keys().copied().collect();
         for rank in images {
-            let a = plan_of(&mut self.layout, self.case, rank)?;
             let b = plan_of(&mut self.layout, other, rank)?;
+            let a = &self.others[&rank];
             let same = a.steps.len() == b.steps.len()
-                && (a.steps.iter().zip(&b.steps)).all(|(x, y)| {
-                    let mut plain = y.clone();
-                    plain.deps.clone_from(&x.deps);
-                    agrees(x, &plain, |p| p, |_| true, 0)
-                });
+                && (a.steps.iter().zip(&b.steps))
+                    .all(|(x, y)| same_action(x, y, |p| p, |_| true, 0));
             if !same {
                 return Ok(false);
             }
@@ -472,9 +468,7 @@ impl Engine<'_> {
                 return Ok(false);
             }
             for (i, (x, y)) in run.plan.steps.iter().zip(&b.steps).enumerate() {
-                let mut plain = y.clone();
-                plain.deps.clone_from(&x.deps);
-                if !agrees(x, &plain, |p| p, |_| true, 0) {
+                if !same_action(x, y, |p| p, |_| true, 0) {
                     return Ok(false);
                 }
                 if x.deps == y.deps {
@@ -530,7 +524,9 @@ impl Engine<'_> {
                 ))
             } else {
                 (base.steps.iter().zip(&plan.steps).enumerate())
-                    .find(|(_, (a, b))| !agrees(a, b, |p| self.turn(p, by), same_host, 1))
+                    .find(|(_, (a, b))| {
+                        !same_action(a, b, |p| self.turn(p, by), same_host, 1) || a.deps != b.deps
+                    })
                     .map(|(i, (a, b))| format!("step {i} is {:?} against {:?}", b.action, a.action))
             };
             if let Some(bad) = bad {

@@ -4,9 +4,9 @@
 //!
 //! In a symmetric run only the first `group` hosts have resources: a rank on host h uses
 //! those of host h mod group (and, where only the first `locals` ranks of a host are
-//! simulated, local rank i those of local rank i mod `locals`). That is exact when every group of hosts carries the same
-//! load at the same time (`engine` checks the plans agree), which the simulator relies on
-//! to run 10k-100k ranks by simulating one group.
+//! simulated, local rank i those of local rank i mod `locals`). That is exact when every
+//! group of hosts carries the same load at the same time (`engine` checks the plans agree),
+//! which the simulator relies on to run 10k-100k ranks by simulating one group.
 
 use crate::flows::{Flows, ResourceId};
 use crate::topology::Topology;

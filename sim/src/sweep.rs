@@ -161,15 +161,16 @@ pub fn run(
                 return Err("no group of ranks to simulate".into());
             };
             match engine::simulate_both(topo, &case(false), &case(true), g) {
-                Err(e) if e.contains("not symmetric") && tried.peek().is_some() => {
-                    if let Some(&&next) = tried.peek() {
-                        print(&format!(
-                            "# {size} B: {} plans not symmetric where {}; now {}",
-                            algorithm.name(),
-                            describe(g, topo),
-                            describe(next, topo)
-                        ));
-                    }
+                Err(e) if e.contains("not symmetric") => {
+                    let Some(&&next) = tried.peek() else {
+                        return Err(e);
+                    };
+                    print(&format!(
+                        "# {size} B: {} plans not symmetric where {}; now {}",
+                        algorithm.name(),
+                        describe(g, topo),
+                        describe(next, topo)
+                    ));
                 }
                 other => break other?,
             }

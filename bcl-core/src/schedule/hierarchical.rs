@@ -40,7 +40,7 @@
 
 use super::plan::BufferId::{Input, Output, Scratch};
 use super::plan::{Action, BufferId, Plan, PlanBuilder, Region};
-use super::ring::part;
+use super::ring::{part, part_of};
 use super::{Algorithm, Collective, Layout, Reduction, build_plan};
 use bcl_backends::ReduceOp;
 
@@ -424,14 +424,11 @@ fn phase_one_order(
         // From this rank's own segment on (position mod the segments, on uneven hosts).
         let turn = (index + segs.len() - position % segs.len()) % segs.len();
         for (i, (at, len)) in slices(seg.offset, seg.len, slice).enumerate() {
-            let chunk = (0..hosts)
-                .find(|&c| {
-                    let (o, l) = part(seg.len, hosts, c);
-                    at - seg.offset < o + l
-                })
-                .unwrap_or(0);
             let wanted = match between {
-                Algorithm::Ring => (host + 2 * hosts - 1 - chunk) % hosts,
+                Algorithm::Ring => {
+                    let chunk = part_of(seg.len, hosts, at - seg.offset);
+                    (host + 2 * hosts - 1 - chunk) % hosts
+                }
                 _ => 0,
             };
             out.push(((wanted, i, turn), (tags[index] + i as u32, at, len, index)));

@@ -31,6 +31,23 @@ pub fn part(total: usize, n: usize, i: usize) -> (usize, usize) {
     (start, len)
 }
 
+/// The part of `n` equal parts of `total` (as [`part`] cuts them) that holds element `x`
+/// (`x < total`; 0 otherwise), found without a scan of the parts: the first `total % n`
+/// parts are one longer.
+pub fn part_of(total: usize, n: usize, x: usize) -> usize {
+    if x >= total {
+        return 0;
+    }
+    let (base, extra) = (total / n, total % n);
+    let long = extra * (base + 1);
+    if x < long {
+        x / (base + 1)
+    } else {
+        // x < total here, so the short parts are not empty.
+        extra + (x - long) / base
+    }
+}
+
 /// Where each chunk of a ring collective lives, and how chunks are cut into slices.
 pub(crate) struct Chunks {
     /// (offset, len) in elements of chunk c (indexed by ring position).
@@ -162,7 +179,7 @@ pub(crate) fn phase_tags(layout: &Layout, chunks: &Chunks) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::part;
+    use super::{part, part_of};
 
     #[test]
     fn parts_cover_exactly() {
@@ -177,5 +194,23 @@ mod tests {
                 assert_eq!(next, total);
             }
         }
+    }
+
+    #[test]
+    fn the_part_holding_an_element_is_the_one_whose_range_holds_it() {
+        for total in [1usize, 7, 10, 1000, 1003] {
+            for n in 1..=12 {
+                for x in 0..total {
+                    let want = (0..n)
+                        .find(|&c| {
+                            let (o, l) = part(total, n, c);
+                            o <= x && x < o + l
+                        })
+                        .expect("some part holds every element");
+                    assert_eq!(part_of(total, n, x), want, "total {total} n {n} x {x}");
+                }
+            }
+        }
+        assert_eq!(part_of(5, 3, 5), 0, "past the end");
     }
 }

@@ -28,15 +28,18 @@
 //! dependencies); a message between hosts that would need turning is refused.
 
 use crate::fast_hash::FastMap;
+use crate::flows::Route;
 use crate::network::Network;
+use crate::steps::{Op, Steps};
 use crate::topology::Topology;
 use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, Step, build_plan};
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// Steps of all simulated ranks' plans at most: about 200 bytes each (a 100k-rank 1 GiB
-/// run reached 7.8 GB when refused at 40.4 M), so a run stays within about 8 GB instead of
-/// running out of memory.
+/// Steps of all simulated ranks' plans at most: about 160 bytes each as the engine holds
+/// them with what is in flight (a 10k-rank 512 MiB allreduce, 5.1 M steps: 0.8 GB), so a
+/// run stays within about 6.4 GB instead of running out of memory.
 pub const MAX_STEPS: usize = 40_000_000;
 
 /// One simulated call.
@@ -73,8 +76,8 @@ enum Job {
 }
 
 struct RankRun {
-    plan: Plan,
-    waiting: Vec<usize>,
+    plan: Steps,
+    waiting: Vec<u32>,
     left: usize,
     end: f64,
     /// Per step, where recorded: when it started, its message arrived (receives), it ended.
@@ -310,8 +313,8 @@ fn engine<'a>(
     let mut total = 0usize;
     for r in 0..sims {
         let rank = e.rank_of(r);
-        let plan = plan_of(&mut e.layout, case, rank)?;
-        total += plan.steps.len();
+        let plan = Steps::of(&plan_of(&mut e.layout, case, rank)?)?;
+        total += plan.len();
         if total > max_steps {
             return Err(format!(
                 "too large to simulate: the first {} of {sims} ranks' plans already hold \
@@ -319,22 +322,22 @@ fn engine<'a>(
                  symmetric algorithm such as ring or hier-ring runs one group of hosts) or \
                  larger slices",
                 r + 1,
-                max_steps * 200 / 1_000_000_000
+                max_steps * 160 / 1_000_000_000
             ));
         }
-        let waiting: Vec<usize> = plan.steps.iter().map(|s| s.deps.len()).collect();
+        let waiting: Vec<u32> = (0..plan.len()).map(|i| plan.deps(i).len() as u32).collect();
         for (i, w) in waiting.iter().enumerate() {
             if *w == 0 {
                 e.ready.push((r, i));
             }
         }
         let times = if record {
-            vec![[f64::NAN; 3]; plan.steps.len()]
+            vec![[f64::NAN; 3]; plan.len()]
         } else {
             Vec::new()
         };
         e.runs.push(RankRun {
-            left: plan.steps.len(),
+            left: plan.len(),
             plan,
             waiting,
             end: 0.0,
@@ -396,8 +399,35 @@ fn same_action(
     }
 }
 
+/// The receives waiting for one message, in the order they became ready: nearly always one,
+/// held without an allocation (a 10k-rank run has more than a million waiting at once).
+enum Waiting {
+    One(usize, usize),
+    // Boxed so that the common entry stays 24 bytes, not 40.
+    #[allow(clippy::box_collection)]
+    Many(Box<VecDeque<(usize, usize)>>),
+}
+
+impl Waiting {
+    fn push(&mut self, next: (usize, usize)) {
+        match self {
+            Waiting::One(sim, step) => {
+                *self = Waiting::Many(Box::new(VecDeque::from([(*sim, *step), next])));
+            }
+            Waiting::Many(q) => q.push_back(next),
+        }
+    }
+
+    fn holds(&self, x: (usize, usize)) -> bool {
+        match self {
+            Waiting::One(sim, step) => (*sim, *step) == x,
+            Waiting::Many(q) => q.contains(&x),
+        }
+    }
+}
+
 /// A send waiting its turn on its channel: (rank, step, bytes, path, α).
-type Queued = (usize, usize, f64, Vec<(usize, f64)>, f64);
+type Queued = (usize, usize, f64, Route, f64);
 
 /// A delivery waiting for its time: (time as ordered bits, sequence, from, to, tag).
 type Timer = Reverse<(u64, u64, usize, usize, u32)>;
@@ -416,12 +446,12 @@ struct Engine<'a> {
     /// Messages delivered and not yet received, per (from, to, tag).
     mailbox: FastMap<(usize, usize, u32), u32>,
     /// Receives waiting for their message, per (from, to, tag), in the order they became ready.
-    pending: FastMap<(usize, usize, u32), VecDeque<(usize, usize)>>,
+    pending: FastMap<(usize, usize, u32), Waiting>,
     jobs: Vec<Option<Job>>,
     timers: BinaryHeap<Timer>,
     seq: u64,
     /// Plans of ranks outside the group that send into it (symmetric runs).
-    others: FastMap<usize, Plan>,
+    others: FastMap<usize, Steps>,
     steps: u64,
     /// Per (sender, receiver): sends in flight, and those waiting their turn.
     channels: FastMap<(usize, usize), (usize, VecDeque<Queued>)>,
@@ -451,12 +481,8 @@ impl Engine<'_> {
         // Images of senders outside the group lend their tags: the same actions.
         let images: Vec<usize> = self.others.keys().copied().collect();
         for rank in images {
-            let b = plan_of(&mut self.layout, other, rank)?;
-            let a = &self.others[&rank];
-            let same = a.steps.len() == b.steps.len()
-                && (a.steps.iter().zip(&b.steps))
-                    .all(|(x, y)| same_action(x, y, |p| p, |_| true, 0));
-            if !same {
+            let b = Steps::of(&plan_of(&mut self.layout, other, rank)?)?;
+            if self.others[&rank].ops != b.ops {
                 return Ok(false);
             }
         }
@@ -464,14 +490,15 @@ impl Engine<'_> {
             let rank = self.rank_of(sim);
             let b = plan_of(&mut self.layout, other, rank)?;
             let run = &self.runs[sim];
-            if b.steps.len() != run.plan.steps.len() {
+            if b.steps.len() != run.plan.len() {
                 return Ok(false);
             }
-            for (i, (x, y)) in run.plan.steps.iter().zip(&b.steps).enumerate() {
-                if !same_action(x, y, |p| p, |_| true, 0) {
+            for (i, step) in b.steps.iter().enumerate() {
+                if Op::of(&step.action)? != run.plan.ops[i] {
                     return Ok(false);
                 }
-                if x.deps == y.deps {
+                let (x, y) = (run.plan.deps(i), &step.deps);
+                if x.len() == y.len() && x.iter().zip(y).all(|(&a, &b)| a as usize == b) {
                     continue;
                 }
                 let [started, arrived, _] = run.times[i];
@@ -480,9 +507,9 @@ impl Engine<'_> {
                 } else {
                     started.max(arrived)
                 };
-                let kept = x.deps.iter().all(|d| y.deps.contains(d));
-                let idle =
-                    (y.deps.iter().filter(|d| !x.deps.contains(d))).all(|&d| run.times[d][2] < by);
+                let kept = x.iter().all(|&d| y.contains(&(d as usize)));
+                let idle = (y.iter().filter(|&&d| !x.contains(&(d as u32))))
+                    .all(|&d| run.times[d][2] < by);
                 if !(kept && idle) {
                     return Ok(false);
                 }
@@ -579,9 +606,9 @@ impl Engine<'_> {
         }
         for (r, run) in self.runs.iter().enumerate() {
             if run.left > 0 {
-                let stuck = (0..run.plan.steps.len())
+                let stuck = (0..run.plan.len())
                     .find(|&i| run.waiting[i] > 0 || self.is_pending(r, i))
-                    .map(|i| format!("step {i} {:?}", run.plan.steps[i].action))
+                    .map(|i| format!("step {i} {:?}", run.plan.ops[i]))
                     .unwrap_or_default();
                 return Err(format!(
                     "simulated rank {} stopped with {} steps left, first {stuck}",
@@ -594,10 +621,10 @@ impl Engine<'_> {
     }
 
     fn is_pending(&self, sim: usize, step: usize) -> bool {
-        self.pending.values().any(|q| q.contains(&(sim, step)))
+        self.pending.values().any(|w| w.holds((sim, step)))
     }
 
-    fn flow(&mut self, bytes: f64, path: Vec<(usize, f64)>, job: Job) {
+    fn flow(&mut self, bytes: f64, path: Route, job: Job) {
         let id = self.net.flows.start(bytes, path);
         if self.jobs.len() <= id {
             self.jobs.resize(id + 1, None);
@@ -610,12 +637,12 @@ impl Engine<'_> {
             t[0] = self.now;
         }
         let esize = self.case.elem_bytes as f64;
-        let action = self.runs[sim].plan.steps[step].action.clone();
+        let op = self.runs[sim].plan.ops[step];
         let rank = self.rank_of(sim);
-        match action {
-            Action::Send { peer, from, .. } => {
+        match op {
+            Op::Send { peer, len, .. } => {
                 let path = self.net.path(rank, peer);
-                let bytes = from.len as f64 * esize;
+                let bytes = len as f64 * esize;
                 if bytes > 0.0 {
                     let limit = self.topo.channels;
                     let ch = self.channels.entry((rank, peer)).or_default();
@@ -635,7 +662,7 @@ impl Engine<'_> {
                     self.sent(sim, step, path.alpha)?;
                 }
             }
-            Action::Recv { peer, tag, .. } => {
+            Op::Recv { peer, tag, .. } => {
                 // Entries go once empty: the maps hold what is outstanding, not every tag.
                 let key = (peer, rank, tag);
                 match self.mailbox.get_mut(&key) {
@@ -646,21 +673,21 @@ impl Engine<'_> {
                         }
                         self.receive(sim, step);
                     }
-                    _ => self.pending.entry(key).or_default().push_back((sim, step)),
+                    _ => match self.pending.entry(key) {
+                        Entry::Vacant(v) => {
+                            v.insert(Waiting::One(sim, step));
+                        }
+                        Entry::Occupied(mut o) => o.get_mut().push((sim, step)),
+                    },
                 }
             }
-            Action::Copy { from, .. } => {
+            Op::Copy { len } => {
                 let work = self.net.work(rank, false);
-                self.work(sim, step, from.len as f64 * esize, work);
+                self.work(sim, step, len as f64 * esize, work);
             }
-            Action::Divide { region } => {
+            Op::Divide { len } => {
                 let work = self.net.work(rank, true);
-                self.work(sim, step, region.len as f64 * esize, work);
-            }
-            _ => {
-                return Err(format!(
-                    "rank {rank} step {step}: an action the simulator does not know: {action:?}"
-                ));
+                self.work(sim, step, len as f64 * esize, work);
             }
         }
         Ok(())
@@ -668,7 +695,7 @@ impl Engine<'_> {
 
     /// A send of `sim`'s step `step` has left: the next waiting on its channel goes.
     fn next_on_channel(&mut self, sim: usize, step: usize) {
-        let Action::Send { peer, .. } = self.runs[sim].plan.steps[step].action else {
+        let Op::Send { peer, .. } = self.runs[sim].plan.ops[step] else {
             return;
         };
         let rank = self.rank_of(sim);
@@ -691,7 +718,7 @@ impl Engine<'_> {
         }
     }
 
-    fn work(&mut self, sim: usize, step: usize, bytes: f64, path: Vec<(usize, f64)>) {
+    fn work(&mut self, sim: usize, step: usize, bytes: f64, path: Route) {
         if bytes > 0.0 {
             self.flow(bytes, path, Job::Work { sim, step });
         } else {
@@ -704,14 +731,11 @@ impl Engine<'_> {
         if let Some(t) = self.runs[sim].times.get_mut(step) {
             t[1] = self.now;
         }
-        let Action::Recv {
-            into, reduce, seed, ..
-        } = self.runs[sim].plan.steps[step].action
-        else {
+        let Op::Recv { len, work, .. } = self.runs[sim].plan.ops[step] else {
             return;
         };
-        if reduce || seed.is_some() {
-            let bytes = into.len as f64 * self.case.elem_bytes as f64;
+        if work {
+            let bytes = len as f64 * self.case.elem_bytes as f64;
             let work = self.net.work(self.rank_of(sim), true);
             self.work(sim, step, bytes, work);
         } else {
@@ -727,8 +751,8 @@ impl Engine<'_> {
         }
         run.left -= 1;
         run.end = run.end.max(self.now);
-        for k in 0..run.plan.dependents[step].len() {
-            let d = run.plan.dependents[step][k];
+        for &d in run.plan.dependents(step) {
+            let d = d as usize;
             run.waiting[d] -= 1;
             if run.waiting[d] == 0 {
                 self.ready.push((sim, d));
@@ -739,10 +763,7 @@ impl Engine<'_> {
     /// Step `step` of `sim`, a send, has left: deliver it α from now, to the rank simulated
     /// that stands where its receiver does.
     fn sent(&mut self, sim: usize, step: usize, alpha: f64) -> Result<(), String> {
-        let Action::Send {
-            peer, tag, from, ..
-        } = self.runs[sim].plan.steps[step].action
-        else {
+        let Op::Send { peer, tag, len } = self.runs[sim].plan.ops[step] else {
             return Err(format!("rank {sim} step {step} is not a send"));
         };
         let rank = self.rank_of(sim);
@@ -769,14 +790,12 @@ impl Engine<'_> {
             let to = peer - k * self.span;
             let rotated = (rank + self.world - k * self.span) % self.world;
             let xored = rank ^ (k * self.span);
-            match self.image_tag(rotated, step, to, from.len) {
+            match self.image_tag(rotated, step, to, len) {
                 Ok(tag) => (rotated, to, tag),
-                Err(rotation) if xored < self.world => {
-                    match self.image_tag(xored, step, to, from.len) {
-                        Ok(tag) => (xored, to, tag),
-                        Err(xor) => return Err(format!("{rotation}; {xor}")),
-                    }
-                }
+                Err(rotation) if xored < self.world => match self.image_tag(xored, step, to, len) {
+                    Ok(tag) => (xored, to, tag),
+                    Err(xor) => return Err(format!("{rotation}; {xor}")),
+                },
                 Err(rotation) => return Err(rotation),
             }
         };
@@ -797,15 +816,13 @@ impl Engine<'_> {
         len: usize,
     ) -> Result<u32, String> {
         if !self.others.contains_key(&image) {
-            let plan = plan_of(&mut self.layout, self.case, image)?;
+            let plan = Steps::of(&plan_of(&mut self.layout, self.case, image)?)?;
             self.others.insert(image, plan);
         }
         let plan = &self.others[&image];
-        match plan.steps.get(step).map(|s| &s.action) {
+        match plan.ops.get(step) {
             // Parts of a count that does not divide evenly differ by one element.
-            Some(Action::Send {
-                peer, tag, from, ..
-            }) if *peer == to && from.len.abs_diff(len) <= 1 => Ok(*tag),
+            Some(Op::Send { peer, tag, len: l }) if *peer == to && l.abs_diff(len) <= 1 => Ok(*tag),
             other => Err(format!(
                 "the plans are not symmetric by groups of {} ranks: rank {image} step {step} is {other:?}, \
                  where its stand-in in the group sends {len} elements to rank {to} (run it exactly: --group 0)",
@@ -816,14 +833,24 @@ impl Engine<'_> {
 
     fn arrive(&mut self, from: usize, to: usize, tag: u32) {
         let key = (from, to, tag);
-        let waiting = self
-            .pending
-            .get_mut(&key)
-            .map(|q| (q.pop_front(), q.is_empty()));
-        if let Some((_, true)) = waiting {
-            self.pending.remove(&key);
-        }
-        match waiting.and_then(|(first, _)| first) {
+        let first = match self.pending.entry(key) {
+            Entry::Vacant(_) => None,
+            Entry::Occupied(mut o) => match o.get_mut() {
+                Waiting::One(sim, step) => {
+                    let first = (*sim, *step);
+                    o.remove();
+                    Some(first)
+                }
+                Waiting::Many(q) => {
+                    let first = q.pop_front();
+                    if q.is_empty() {
+                        o.remove();
+                    }
+                    first
+                }
+            },
+        };
+        match first {
             Some((sim, step)) => self.receive(sim, step),
             None => *self.mailbox.entry(key).or_insert(0) += 1,
         }

@@ -21,12 +21,78 @@ pub type ResourceId = usize;
 /// A flow's handle, stable while it runs.
 pub type FlowId = usize;
 
+/// The most resources a flow's path may hold (a message between pods: two NICs, two leaf
+/// and two pod uplinks, the sender's device and cores).
+pub const MAX_PATH: usize = 8;
+
+/// The resources a flow uses, with the units each byte costs there: held inline, as runs of
+/// 10k ranks start millions of flows and a heap allocation each cost more than their rates.
+#[derive(Clone, Copy, Debug)]
+pub struct Route {
+    uses: [(ResourceId, f64); MAX_PATH],
+    len: usize,
+}
+
+impl Route {
+    pub fn new() -> Self {
+        Route {
+            uses: [(0, 0.0); MAX_PATH],
+            len: 0,
+        }
+    }
+
+    /// Add a resource used at `coef` units per byte; panics past [`MAX_PATH`] (a topology
+    /// this model does not have).
+    pub fn push(&mut self, resource: ResourceId, coef: f64) {
+        assert!(
+            self.len < MAX_PATH,
+            "a path of more than {MAX_PATH} resources"
+        );
+        self.uses[self.len] = (resource, coef);
+        self.len += 1;
+    }
+
+    pub fn as_slice(&self) -> &[(ResourceId, f64)] {
+        &self.uses[..self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Default for Route {
+    fn default() -> Self {
+        Route::new()
+    }
+}
+
+impl From<&[(ResourceId, f64)]> for Route {
+    fn from(uses: &[(ResourceId, f64)]) -> Self {
+        let mut r = Route::new();
+        for &(id, c) in uses {
+            r.push(id, c);
+        }
+        r
+    }
+}
+
+impl<const N: usize> From<[(ResourceId, f64); N]> for Route {
+    fn from(uses: [(ResourceId, f64); N]) -> Self {
+        Route::from(&uses[..])
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Flow {
     /// Bytes left at `stamp`.
     remaining: f64,
     stamp: f64,
-    path: Vec<(ResourceId, f64)>,
+    path: Route,
     rate: f64,
     live: bool,
     /// Start order: flows that end together are reported in it.
@@ -95,7 +161,8 @@ impl Flows {
     }
 
     /// Start a flow of `bytes` over `path` ((resource, units per byte) pairs, not empty).
-    pub fn start(&mut self, bytes: f64, path: Vec<(ResourceId, f64)>) -> FlowId {
+    pub fn start(&mut self, bytes: f64, path: impl Into<Route>) -> FlowId {
+        let path = path.into();
         debug_assert!(!path.is_empty(), "a flow needs a resource");
         self.seq += 1;
         let flow = Flow {
@@ -120,7 +187,7 @@ impl Flows {
                 self.flows.len() - 1
             }
         };
-        for &(r, _) in &self.flows[id].path {
+        for &(r, _) in self.flows[id].path.as_slice() {
             self.users[r].push(id);
             self.dirty.push(r);
         }
@@ -176,7 +243,7 @@ impl Flows {
             let f = &mut self.flows[id];
             f.live = false;
             f.remaining = 0.0;
-            for &(r, _) in &f.path {
+            for &(r, _) in f.path.as_slice() {
                 let users = &mut self.users[r];
                 if let Some(k) = users.iter().position(|&u| u == id) {
                     users.swap_remove(k);
@@ -209,7 +276,7 @@ impl Flows {
                 if self.flow_mark[id] != epoch {
                     self.flow_mark[id] = epoch;
                     comp.push(id);
-                    for &(q, _) in &self.flows[id].path {
+                    for &(q, _) in self.flows[id].path.as_slice() {
                         if self.res_mark[q] != epoch {
                             stack.push(q);
                         }
@@ -230,7 +297,7 @@ impl Flows {
             f.stamp = now;
             f.before = f.rate;
             f.rate = 0.0;
-            for &(r, c) in &f.path {
+            for &(r, c) in f.path.as_slice() {
                 self.weight[r] += c;
                 self.unfrozen[r] += 1;
             }
@@ -239,8 +306,9 @@ impl Flows {
         // level, so resource r fills at level left[r] / weight[r] (left: its capacity less
         // what frozen flows use). Take the resource that fills first, freeze the flows
         // through it at that level, update the resources on their paths; a heap keeps the
-        // next (entries made stale by an update are skipped), so the cost grows with the
-        // component's flows and paths, not with them times the number of levels.
+        // next (an entry below its resource's level now goes back in, see below), so the
+        // cost grows with the component's flows and paths, not with them times the number
+        // of levels.
         let fills = |left: f64, weight: f64| (left.max(0.0) / weight).to_bits();
         let mut heap: BinaryHeap<Reverse<(u64, ResourceId)>> = res
             .iter()
@@ -250,7 +318,18 @@ impl Flows {
         let frozen = epoch.wrapping_neg();
         let mut level = 0.0;
         while let Some(Reverse((bits, r))) = heap.pop() {
-            if self.unfrozen[r] == 0 || fills(self.left[r], self.weight[r]) != bits {
+            if self.unfrozen[r] == 0 {
+                continue;
+            }
+            // Freezing flows at the lowest level only raises the level at which the other
+            // resources on their paths fill ((left − L·c)/(weight − c) ≥ left/weight when
+            // L ≤ left/weight), so an entry is a lower bound: one whose resource has moved
+            // up goes back in at its level now, instead of an entry per update.
+            let now_fills = fills(self.left[r], self.weight[r]);
+            if now_fills != bits {
+                if self.weight[r] > 0.0 {
+                    heap.push(Reverse((now_fills, r)));
+                }
                 continue;
             }
             level = f64::from_bits(bits);
@@ -261,13 +340,10 @@ impl Flows {
                 }
                 self.flow_mark[id] = frozen;
                 self.flows[id].rate = level;
-                for &(q, c) in &self.flows[id].path {
+                for &(q, c) in self.flows[id].path.as_slice() {
                     self.left[q] -= level * c;
                     self.weight[q] -= c;
                     self.unfrozen[q] -= 1;
-                    if self.unfrozen[q] > 0 && self.weight[q] > 0.0 {
-                        heap.push(Reverse((fills(self.left[q], self.weight[q]), q)));
-                    }
                 }
             }
         }
@@ -313,7 +389,7 @@ mod tests {
     fn one_flow_takes_bytes_over_capacity() {
         let mut f = Flows::new();
         let link = f.resource(100.0);
-        f.start(1000.0, vec![(link, 1.0)]);
+        f.start(1000.0, [(link, 1.0)]);
         let t = f.next_end().expect("a flow runs");
         assert!(close(t, 10.0), "{t}");
         assert_eq!(f.advance(t).len(), 1);
@@ -327,9 +403,9 @@ mod tests {
         let mut f = Flows::new();
         let a = f.resource(10.0);
         let b = f.resource(4.0);
-        let f1 = f.start(1e9, vec![(a, 1.0)]);
-        let f2 = f.start(1e9, vec![(a, 1.0), (b, 1.0)]);
-        let f3 = f.start(1e9, vec![(b, 1.0)]);
+        let f1 = f.start(1e9, [(a, 1.0)]);
+        let f2 = f.start(1e9, [(a, 1.0), (b, 1.0)]);
+        let f3 = f.start(1e9, [(b, 1.0)]);
         assert!(close(f.rate(f1), 8.0));
         assert!(close(f.rate(f2), 2.0));
         assert!(close(f.rate(f3), 2.0));
@@ -340,8 +416,8 @@ mod tests {
         let mut f = Flows::new();
         let cpu = f.resource(2.0);
         // Each byte costs 0.5 units: one flow alone runs at 4 bytes/s.
-        let short = f.start(4.0, vec![(cpu, 0.5)]);
-        let long = f.start(100.0, vec![(cpu, 0.5)]);
+        let short = f.start(4.0, [(cpu, 0.5)]);
+        let long = f.start(100.0, [(cpu, 0.5)]);
         assert!(close(f.rate(short), 2.0) && close(f.rate(long), 2.0));
         let t = f.next_end().expect("flows run");
         assert!(close(t, 2.0));
@@ -358,8 +434,8 @@ mod tests {
         let mut f = Flows::new();
         let a = f.resource(10.0);
         let b = f.resource(1.0);
-        let long = f.start(100.0, vec![(a, 1.0)]);
-        let other = f.start(2.0, vec![(b, 1.0)]);
+        let long = f.start(100.0, [(a, 1.0)]);
+        let other = f.start(2.0, [(b, 1.0)]);
         let mut now = 0.0;
         let mut step = |f: &mut Flows| {
             let dt = f.next_end().expect("flows run");
@@ -368,7 +444,7 @@ mod tests {
         };
         let (t, ended) = step(&mut f);
         assert!(close(t, 2.0) && ended == vec![other], "{t} {ended:?}");
-        let short = f.start(10.0, vec![(a, 1.0)]);
+        let short = f.start(10.0, [(a, 1.0)]);
         assert!(close(f.rate(long), 5.0) && close(f.rate(short), 5.0));
         let (t, ended) = step(&mut f);
         assert!(close(t, 4.0) && ended == vec![short], "{t} {ended:?}");

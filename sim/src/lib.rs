@@ -26,5 +26,6 @@ pub mod ettr_report;
 pub mod fast_hash;
 pub mod flows;
 pub mod network;
+pub mod steps;
 pub mod sweep;
 pub mod topology;

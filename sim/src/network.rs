@@ -8,13 +8,13 @@
 //! group of hosts carries the same load at the same time (`engine` checks the plans agree),
 //! which the simulator relies on to run 10k-100k ranks by simulating one group.
 
-use crate::flows::{Flows, ResourceId};
+use crate::flows::{Flows, ResourceId, Route};
 use crate::topology::Topology;
 
 /// A message's way through the network.
 #[derive(Clone, Debug)]
 pub struct Path {
-    pub resources: Vec<(ResourceId, f64)>,
+    pub resources: Route,
     /// Seconds from the last byte leaving to its arrival counting as delivered.
     pub alpha: f64,
 }
@@ -128,12 +128,13 @@ impl Network {
 
     /// What `bytes` of device work on `rank` use per byte: its device (and its host's cores
     /// where ranks are CPU threads), at the reduce speed or the copy speed.
-    pub fn work(&self, rank: usize, reduce: bool) -> Vec<(ResourceId, f64)> {
+    pub fn work(&self, rank: usize, reduce: bool) -> Route {
         let v = self.topo.vendor(rank / self.topo.per_host);
         let per_byte = 1.0 / if reduce { v.reduce } else { v.copy };
-        let mut path = vec![(self.dev[self.res_rank(rank)], per_byte)];
+        let mut path = Route::new();
+        path.push(self.dev[self.res_rank(rank)], per_byte);
         if self.topo.cores > 0 {
-            path.push((self.cpu_of(rank), per_byte));
+            path.push(self.cpu_of(rank), per_byte);
         }
         path
     }
@@ -152,10 +153,10 @@ impl Network {
     }
 
     /// Where ranks are CPU threads, the sender's core and its host's cores move the bytes.
-    fn sender_cpu(&self, src: usize, bandwidth: f64, path: &mut Vec<(ResourceId, f64)>) {
+    fn sender_cpu(&self, src: usize, bandwidth: f64, path: &mut Route) {
         if self.topo.cores > 0 {
-            path.push((self.dev[self.res_rank(src)], 1.0 / bandwidth));
-            path.push((self.cpu_of(src), 1.0 / bandwidth));
+            path.push(self.dev[self.res_rank(src)], 1.0 / bandwidth);
+            path.push(self.cpu_of(src), 1.0 / bandwidth);
         }
     }
 
@@ -164,10 +165,10 @@ impl Network {
         let t = &self.topo;
         let (hs, hd) = (src / t.per_host, dst / t.per_host);
         if hs == hd {
-            let mut resources = vec![
+            let mut resources = Route::from([
                 (self.up[self.res_rank(src)], 1.0),
                 (self.down[self.res_rank(dst)], 1.0),
-            ];
+            ]);
             self.sender_cpu(src, t.vendor(hs).intra.bandwidth, &mut resources);
             return Path {
                 resources,
@@ -177,10 +178,10 @@ impl Network {
         let nic = |r: usize| r % t.per_host % self.locals % t.nics;
         let (ks, kd) = (nic(src), nic(dst));
         let (gs, gd) = (hs % self.group, hd % self.group);
-        let mut resources = vec![
+        let mut resources = Route::from([
             (self.tx[gs * t.nics + ks], 1.0),
             (self.rx[gd * t.nics + kd], 1.0),
-        ];
+        ]);
         let planes = if t.rails { t.nics } else { 1 };
         let (ps, pd) = if t.rails { (ks, kd) } else { (0, 0) };
         let leaf = leaf_size(t);
@@ -188,14 +189,14 @@ impl Network {
         // send, so it never binds: left out, rates are the same and flows stay in small
         // components of the flow model (which keeps 10k-rank runs fast).
         if (hs / leaf != hd / leaf || ps != pd) && t.oversub > 1.0 {
-            resources.push((self.leaf_up[(gs / leaf) * planes + ps], 1.0));
-            resources.push((self.leaf_down[(gd / leaf) * planes + pd], 1.0));
+            resources.push(self.leaf_up[(gs / leaf) * planes + ps], 1.0);
+            resources.push(self.leaf_down[(gd / leaf) * planes + pd], 1.0);
         }
         if hs / leaf != hd / leaf || ps != pd {
             let pod = pod_size(t);
             if hs / pod != hd / pod && t.oversub * t.pod_oversub > 1.0 {
-                resources.push((self.pod_up[(gs / pod) * planes + ps], 1.0));
-                resources.push((self.pod_down[(gd / pod) * planes + pd], 1.0));
+                resources.push(self.pod_up[(gs / pod) * planes + ps], 1.0);
+                resources.push(self.pod_down[(gd / pod) * planes + pd], 1.0);
             }
         }
         let copy = if t.nic_cpu > 0.0 {

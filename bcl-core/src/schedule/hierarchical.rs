@@ -103,9 +103,16 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
         Some(weights) => weighted_parts(count, &weights),
         None => (0..parts).map(|j| part(count, parts, j)).collect(),
     };
+    // Host by host, every part's owner at once: each host's ranks are read once, not once per
+    // part (a 10k-rank simulation builds a plan per host, each reading every host).
+    let mut owners = vec![Vec::with_capacity(hosts.len()); parts];
+    for h in hosts {
+        for (j, o) in owners.iter_mut().enumerate() {
+            o.push(h[j * h.len() / parts]);
+        }
+    }
     let mut out: Vec<Segment> = Vec::new();
-    for (j, &(offset, len)) in bounds.iter().enumerate() {
-        let owners: Vec<usize> = hosts.iter().map(|h| h[j * h.len() / parts]).collect();
+    for (&(offset, len), owners) in bounds.iter().zip(owners) {
         match out.last_mut() {
             Some(s) if s.owners == owners => s.len += len,
             _ => out.push(Segment {
@@ -123,15 +130,17 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
 /// slowest of them, so it weighs that one's speed. `None`: equal parts.
 fn part_weights(layout: &Layout, parts: usize) -> Option<Vec<u64>> {
     let hosts = layout.hosts();
-    if parts < 2 || hosts.iter().any(|h| h.len() != parts) {
+    // No weights: every rank alike, equal parts.
+    if parts < 2 || layout.weights.is_empty() || hosts.iter().any(|h| h.len() != parts) {
         return None;
     }
-    let weights: Vec<u64> = (0..parts)
-        .map(|j| {
-            let slowest = hosts.iter().map(|h| layout.weight(h[j])).min();
-            u64::from(slowest.unwrap_or(1))
-        })
-        .collect();
+    // Host by host, as in `segments`.
+    let mut weights = vec![u64::MAX; parts];
+    for h in hosts {
+        for (w, &r) in weights.iter_mut().zip(h) {
+            *w = (*w).min(u64::from(layout.weight(r)));
+        }
+    }
     weights.iter().any(|&w| w != weights[0]).then_some(weights)
 }
 
@@ -195,6 +204,7 @@ impl Place {
 fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, place: Place) {
     let first = b.next_index();
     b.scratch(place.scratch_at + sub.scratch_elems);
+    let mut after = Vec::new();
     for step in &sub.steps {
         let action = match &step.action {
             Action::Send {
@@ -229,7 +239,8 @@ fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, plac
                 region: place.map(*region),
             },
         };
-        let after: Vec<usize> = step.deps.iter().map(|d| first + d).collect();
+        after.clear();
+        after.extend(step.deps.iter().map(|d| first + d));
         b.push_after(action, &after);
     }
 }

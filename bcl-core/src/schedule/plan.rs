@@ -94,18 +94,30 @@ pub struct Plan {
 #[derive(Debug, Default)]
 pub struct PlanBuilder {
     plan: Plan,
-    /// Every access so far, per buffer.
-    touched: BTreeMap<BufferId, Touched>,
+    /// Every access so far, per buffer (indexed by [`slot`]).
+    touched: [Touched; 3],
+    /// The dependencies of the step being pushed, kept to spare an allocation per step.
+    found: Vec<usize>,
 }
 
-/// The accesses to one buffer: (len, step, writes) by offset, and the longest len, so that
-/// the accesses overlapping a region are found among those starting at most that far before
-/// it (plans of thousands of steps, as a 1024-rank ring's, would otherwise cost a scan of
-/// every earlier access per step).
+/// The accesses to one buffer: (len, writes) by (offset, step, writes), and the longest len,
+/// so that the accesses overlapping a region are found among those starting at most that far
+/// before it (plans of thousands of steps, as a 1024-rank ring's, would otherwise cost a scan
+/// of every earlier access per step). One map entry per access, not a list per offset: a
+/// 10k-rank simulation builds millions of steps, and a list each cost more than the search.
 #[derive(Debug, Default)]
 struct Touched {
-    by_offset: BTreeMap<usize, Vec<(usize, usize, bool)>>,
+    by_offset: BTreeMap<(usize, usize, bool), usize>,
     longest: usize,
+}
+
+/// Where a buffer's accesses are kept in [`PlanBuilder::touched`].
+fn slot(buffer: BufferId) -> usize {
+    match buffer {
+        BufferId::Input => 0,
+        BufferId::Output => 1,
+        BufferId::Scratch => 2,
+    }
 }
 
 impl PlanBuilder {
@@ -131,21 +143,17 @@ impl PlanBuilder {
     /// such as the rounds of a barrier).
     pub fn push_after(&mut self, action: Action, after: &[usize]) -> usize {
         let index = self.plan.steps.len();
-        let accesses: Vec<(Region, bool)> = match &action {
-            Action::Send { from, .. } => vec![(*from, false)],
-            Action::Recv { into, seed, .. } => {
-                let mut a = vec![(*into, true)];
-                a.extend(seed.map(|s| (s, false)));
-                a
-            }
-            Action::Copy { from, to } => vec![(*from, false), (*to, true)],
-            Action::Divide { region } => vec![(*region, true)],
+        let accesses: [Option<(Region, bool)>; 2] = match &action {
+            Action::Send { from, .. } => [Some((*from, false)), None],
+            Action::Recv { into, seed, .. } => [Some((*into, true)), seed.map(|s| (s, false))],
+            Action::Copy { from, to } => [Some((*from, false)), Some((*to, true))],
+            Action::Divide { region } => [Some((*region, true)), None],
         };
-        let mut deps = after.to_vec();
-        for (region, writes) in &accesses {
-            let Some(t) = self.touched.get(&region.buffer) else {
-                continue;
-            };
+        let deps = &mut self.found;
+        deps.clear();
+        deps.extend_from_slice(after);
+        for (region, writes) in accesses.iter().flatten() {
+            let t = &self.touched[slot(region.buffer)];
             // An earlier access [o, o + l) overlaps [a, a + len) when o < a + len and
             // o + l > a, so o > a - longest.
             let (a, end) = (region.offset, region.offset + region.len);
@@ -153,33 +161,38 @@ impl PlanBuilder {
             if from >= end {
                 continue;
             }
-            for (&o, list) in t.by_offset.range(from..end) {
-                for &(l, step, w) in list {
-                    if (*writes || w) && o + l > a && !deps.contains(&step) {
-                        deps.push(step);
-                    }
+            for (&(o, step, w), &l) in t.by_offset.range((from, 0, false)..(end, 0, false)) {
+                if (*writes || w) && o + l > a {
+                    deps.push(step);
                 }
             }
         }
         // Only the latest conflicting access is needed when accesses to a region are
         // chained, but keeping all is simple.
         deps.sort_unstable();
-        for (region, writes) in accesses {
+        deps.dedup();
+        for (region, writes) in accesses.into_iter().flatten() {
             if region.len > 0 {
-                let t = self.touched.entry(region.buffer).or_default();
+                let t = &mut self.touched[slot(region.buffer)];
                 t.longest = t.longest.max(region.len);
                 t.by_offset
-                    .entry(region.offset)
-                    .or_default()
-                    .push((region.len, index, writes));
+                    .insert((region.offset, index, writes), region.len);
             }
         }
+        let deps = deps.clone();
         self.plan.steps.push(Step { action, deps });
         index
     }
 
     pub fn finish(mut self) -> Plan {
-        let mut dependents = vec![Vec::new(); self.plan.steps.len()];
+        // Counted first, so that each list is allocated once at its size.
+        let mut counts = vec![0usize; self.plan.steps.len()];
+        for step in &self.plan.steps {
+            for &d in &step.deps {
+                counts[d] += 1;
+            }
+        }
+        let mut dependents: Vec<Vec<usize>> = counts.into_iter().map(Vec::with_capacity).collect();
         for (i, step) in self.plan.steps.iter().enumerate() {
             for &d in &step.deps {
                 dependents[d].push(i);

@@ -519,7 +519,7 @@ pub(super) fn finish(
             all_shared_memory: links::all_shared_memory(&peers),
             one_host: local_ranks == world,
             hosts: layout.hosts().len(),
-            largest_host: layout.hosts().iter().map(Vec::len).max().unwrap_or(1),
+            largest_host: layout.largest_host(),
             shm_inside_hosts: links::shm_inside_hosts(&peers, &config.transport),
             mixed_speeds: (0..world).any(|r| layout.weight(r) != layout.weight(0)),
             nics_per_host: nics_per_host(layout.hosts(), &peers),

@@ -23,8 +23,8 @@
 //! rail, the first rank of each host, as NCCL's tree does (reduce onto it, across, back).
 //!
 //! Uneven hosts (3 + 1, 2 + 2 + 1): on a host of `l < L` ranks, local rank i owns parts
-//! `[i·L/l, (i+1)·L/l)`; consecutive parts with the same owner on every host form one segment,
-//! reduced by one rail (a rank of a small host sits on several rails).
+//! `[i·L/l, (i+1)·L/l)`; each part is reduced by its own rail (a rank of a small host sits on
+//! several rails).
 //!
 //! Ranks of different speeds ([`Layout::weight`]: their devices' reduce throughput), on hosts
 //! of equal size: part j is sized in proportion to the slowest of its owners (local rank j of
@@ -73,16 +73,28 @@ pub(crate) fn plannable(
         _ => 2usize.saturating_mul(hosts + 1),
     };
     let rail_tags = per_slice.saturating_mul(slices);
-    let largest = layout.hosts().iter().map(Vec::len).max().unwrap_or(1);
-    largest <= MAX_SEGMENTS && slices < RESULT_TAGS as usize && rail_tags < (1 << RAIL_SHIFT)
+    layout.largest_host() <= MAX_SEGMENTS
+        && slices < RESULT_TAGS as usize
+        && rail_tags < (1 << RAIL_SHIFT)
 }
 
-/// Consecutive parts with the same owner on every host.
+/// A part of the buffer and its owners: one rank of each host.
 struct Segment {
     offset: usize,
     len: usize,
-    /// The owner's rank on each host.
-    owners: Vec<usize>,
+    /// Which part it is, of how many: on a host of `l` ranks part j is owned by local rank
+    /// j·l/parts ([`Segment::owner`]).
+    first: usize,
+    parts: usize,
+}
+
+impl Segment {
+    /// The owner's rank on `host`, found from the host's own ranks only: a plan reads the
+    /// hosts of its rails, not every host (a 100k-rank simulation builds 100k plans).
+    fn owner(&self, layout: &Layout, host: usize) -> usize {
+        let ranks = &layout.hosts()[host];
+        ranks[self.first * ranks.len() / self.parts]
+    }
 }
 
 /// Below this many elements per share (or one slice, if smaller) an allreduce runs one rail
@@ -92,8 +104,7 @@ struct Segment {
 const SMALL_SHARE: usize = 1024;
 
 fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
-    let hosts = layout.hosts();
-    let largest = hosts.iter().map(Vec::len).max().unwrap_or(1);
+    let largest = layout.largest_host();
     let parts = if count < largest * SMALL_SHARE.min(slice) {
         1
     } else {
@@ -103,26 +114,16 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
         Some(weights) => weighted_parts(count, &weights),
         None => (0..parts).map(|j| part(count, parts, j)).collect(),
     };
-    // Host by host, every part's owner at once: each host's ranks are read once, not once per
-    // part (a 10k-rank simulation builds a plan per host, each reading every host).
-    let mut owners = vec![Vec::with_capacity(hosts.len()); parts];
-    for h in hosts {
-        for (j, o) in owners.iter_mut().enumerate() {
-            o.push(h[j * h.len() / parts]);
-        }
-    }
-    let mut out: Vec<Segment> = Vec::new();
-    for (&(offset, len), owners) in bounds.iter().zip(owners) {
-        match out.last_mut() {
-            Some(s) if s.owners == owners => s.len += len,
-            _ => out.push(Segment {
-                offset,
-                len,
-                owners,
-            }),
-        }
-    }
-    out
+    // One segment per part: the largest host gives each part to another of its ranks, so no
+    // two parts share every owner.
+    (bounds.into_iter().enumerate())
+        .map(|(first, (offset, len))| Segment {
+            offset,
+            len,
+            first,
+            parts,
+        })
+        .collect()
 }
 
 /// The weight of each part where ranks differ in speed ([`Layout::weight`]) and every host
@@ -131,10 +132,10 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
 fn part_weights(layout: &Layout, parts: usize) -> Option<Vec<u64>> {
     let hosts = layout.hosts();
     // No weights: every rank alike, equal parts.
-    if parts < 2 || layout.weights.is_empty() || hosts.iter().any(|h| h.len() != parts) {
+    if parts < 2 || !layout.weighted() || layout.host_sizes() != [parts] {
         return None;
     }
-    // Host by host, as in `segments`.
+    // Host by host: each host's ranks are read once.
     let mut weights = vec![u64::MAX; parts];
     for h in hosts {
         for (w, &r) in weights.iter_mut().zip(h) {
@@ -198,10 +199,16 @@ impl Place {
     }
 }
 
-/// Append `sub` (a plan among `members`, sub-rank i being rank `members[i]`) to `b`: peers
+/// Append `sub` (a plan among members, sub-rank i being rank `member(i)`) to `b`: peers
 /// mapped, tags moved up by `tag_base`, regions placed by `place`. The sub-plan's own
 /// dependencies are kept; the builder adds the hazards with the outer plan's steps.
-fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, place: Place) {
+fn embed(
+    b: &mut PlanBuilder,
+    sub: &Plan,
+    member: impl Fn(usize) -> usize,
+    tag_base: u32,
+    place: Place,
+) {
     let first = b.next_index();
     b.scratch(place.scratch_at + sub.scratch_elems);
     let mut after = Vec::new();
@@ -213,7 +220,7 @@ fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, plac
                 from,
                 lend,
             } => Action::Send {
-                peer: members[*peer],
+                peer: member(*peer),
                 tag: tag_base + tag,
                 from: place.map(*from),
                 lend: *lend,
@@ -225,7 +232,7 @@ fn embed(b: &mut PlanBuilder, sub: &Plan, members: &[usize], tag_base: u32, plac
                 reduce,
                 seed,
             } => Action::Recv {
-                peer: members[*peer],
+                peer: member(*peer),
                 tag: tag_base + tag,
                 into: place.map(*into),
                 reduce: *reduce,
@@ -288,8 +295,8 @@ pub(crate) fn allreduce(
     // turned by one, which lets the simulator run one rank per host for all).
     let hosts = layout.hosts().len();
     let position = local.iter().position(|&r| r == me).unwrap_or(0);
-    for (tag, at, len, seg) in phase_one_order(&segs, host, position, hosts, between, slice) {
-        let owner = segs[seg].owners[host];
+    for (tag, at, len, seg) in phase_one_order(layout, &segs, host, position, between, slice) {
+        let owner = segs[seg].owner(layout, host);
         if len > 0 && me == owner {
             let mut seed = (!in_place).then(|| Region::new(Input, at, len));
             if local.len() == 1 && !in_place {
@@ -323,7 +330,7 @@ pub(crate) fn allreduce(
     // 2. Each owned segment between hosts, over its rail.
     let mut scratch_at = 0;
     for (index, seg) in segs.iter().enumerate() {
-        if seg.owners[host] != me || seg.len == 0 {
+        if seg.owner(layout, host) != me || seg.len == 0 {
             continue;
         }
         if hosts > 1 {
@@ -333,7 +340,7 @@ pub(crate) fn allreduce(
             embed(
                 b,
                 &rail,
-                &seg.owners,
+                |h| seg.owner(layout, h),
                 tag_base,
                 Place::at(Output, seg.offset, scratch_at),
             );
@@ -355,11 +362,11 @@ pub(crate) fn allreduce(
     // namespace hosts (docs/hierarchical.md): it stays in the ring there.
     // Segments from this rank's own, each owner sending to the rank before it first: the
     // first segment a rank waits for is the first its owner sends it.
-    let tags = owner_tags(&segs, host, slice);
+    let tags = owner_tags(layout, &segs, host, slice);
     for k in 0..segs.len() {
         let index = (k + position) % segs.len();
         let seg = &segs[index];
-        let owner = seg.owners[host];
+        let owner = seg.owner(layout, host);
         let slices = slices(seg.offset, seg.len, slice);
         for ((at, len), tag) in slices.zip(tags[index]..) {
             let region = Region::new(Output, at, len);
@@ -395,11 +402,11 @@ fn turned(local: &[usize], position: usize) -> impl Iterator<Item = usize> + '_ 
 /// The first tag of each segment's slices: slices are numbered per owner on `host`, segment
 /// by segment, so a tag names the same slice on every host's ranks that share an owner's
 /// place (a plan turned from one local rank to the next keeps its tags).
-fn owner_tags(segs: &[Segment], host: usize, slice: usize) -> Vec<u32> {
+fn owner_tags(layout: &Layout, segs: &[Segment], host: usize, slice: usize) -> Vec<u32> {
     let mut next: Vec<(usize, u32)> = Vec::new();
     segs.iter()
         .map(|seg| {
-            let owner = seg.owners[host];
+            let owner = seg.owner(layout, host);
             let n = slices(seg.offset, seg.len, slice).count() as u32;
             match next.iter_mut().find(|(o, _)| *o == owner) {
                 Some((_, t)) => {
@@ -422,15 +429,16 @@ fn owner_tags(segs: &[Segment], host: usize, slice: usize) -> Vec<u32> {
 /// interleaved so that every rail starts early. Doubling rails need the whole segment
 /// first and take the plain order.
 fn phase_one_order(
+    layout: &Layout,
     segs: &[Segment],
     host: usize,
     position: usize,
-    hosts: usize,
     between: Algorithm,
     slice: usize,
 ) -> Vec<(u32, usize, usize, usize)> {
+    let hosts = layout.hosts().len();
     let mut out = Vec::new();
-    let tags = owner_tags(segs, host, slice);
+    let tags = owner_tags(layout, segs, host, slice);
     for (index, seg) in segs.iter().enumerate() {
         // From this rank's own segment on (position mod the segments, on uneven hosts).
         let turn = (index + segs.len() - position % segs.len()) % segs.len();
@@ -509,11 +517,17 @@ pub(crate) fn broadcast(
     // output on the way, out of place).
     if r.me == r.leader {
         let sub = chain(layout.host_of(root), r.host, r.leaders.len(), in_place);
-        embed(b, &sub, &r.leaders, 0, Place::at(Output, 0, 0));
+        embed(b, &sub, |i| r.leaders[i], 0, Place::at(Output, 0, 0));
     }
     // Inside the host: a chain from its leader, whose output holds the data by now.
     let sub = chain(r.leader_index, r.index, r.local.len(), true);
-    embed(b, &sub, r.local, 1 << RAIL_SHIFT, Place::at(Output, 0, 0));
+    embed(
+        b,
+        &sub,
+        |i| r.local[i],
+        1 << RAIL_SHIFT,
+        Place::at(Output, 0, 0),
+    );
 }
 
 pub(crate) fn reduce(
@@ -562,13 +576,13 @@ pub(crate) fn reduce(
         input: (Input, 0),
         scratch_at: count,
     };
-    embed(b, &sub, r.local, 0, place);
+    embed(b, &sub, |i| r.local[i], 0, place);
     if r.me == r.leader {
         let sub = chain(layout.host_of(root), r.host, r.leaders.len(), true);
         embed(
             b,
             &sub,
-            &r.leaders,
+            |i| r.leaders[i],
             1 << RAIL_SHIFT,
             Place::at(acc, 0, 2 * count),
         );
@@ -813,5 +827,50 @@ mod tests {
             slice,
             Some(Algorithm::Ring)
         ));
+    }
+
+    #[test]
+    fn each_part_is_a_segment_owned_as_its_hosts_cut_it() {
+        // Uneven hosts (a small host's rank owns several parts) and even ones.
+        let shapes: [&[usize]; 6] = [&[3, 1], &[2, 2, 1], &[4, 4], &[3, 5, 2], &[8, 1, 8], &[1]];
+        for sizes in shapes {
+            let mut next = 0;
+            let hosts: Vec<Vec<usize>> = (sizes.iter())
+                .map(|&l| {
+                    next += l;
+                    (next - l..next).collect()
+                })
+                .collect();
+            let layout = (Layout::new(0, (0..next).collect()).and_then(|l| l.with_hosts(hosts)))
+                .expect("a layout");
+            let largest = *sizes.iter().max().expect("a host");
+            let count = largest * SMALL_SHARE * 3 + 1;
+            let segs = segments(&layout, count, count);
+            assert_eq!(segs.len(), largest, "{sizes:?}");
+            // Brute force: the owner of part j on each host, read from the host's ranks.
+            let owners = |j: usize| -> Vec<usize> {
+                (layout.hosts().iter())
+                    .map(|h| h[j * h.len() / largest])
+                    .collect()
+            };
+            for (j, seg) in segs.iter().enumerate() {
+                assert_eq!((seg.offset, seg.len), part(count, largest, j), "{sizes:?}");
+                let mine: Vec<usize> = (0..sizes.len()).map(|h| seg.owner(&layout, h)).collect();
+                assert_eq!(owners(j), mine, "{sizes:?}: part {j}");
+                // No two parts share every owner (so none could be one segment).
+                if j > 0 {
+                    assert_ne!(owners(j - 1), mine, "{sizes:?}: parts {} and {j}", j - 1);
+                }
+            }
+        }
+        // Below the small share: one part, the first rank of each host.
+        let small = segments(&layout(3, 4), 7, 1 << 20);
+        assert_eq!(small.len(), 1);
+        assert_eq!(
+            (0..3)
+                .map(|h| small[0].owner(&layout(3, 4), h))
+                .collect::<Vec<_>>(),
+            [0, 4, 8]
+        );
     }
 }

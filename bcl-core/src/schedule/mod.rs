@@ -457,6 +457,10 @@ pub struct Layout {
     hosts: Vec<Vec<usize>>,
     /// Rank → index in `hosts`.
     host_of: Vec<usize>,
+    /// The rank counts of the hosts, each once, ascending: the hierarchical plans size their
+    /// parts from these without reading every host (a 100k-rank simulation builds a plan per
+    /// rank).
+    host_sizes: Vec<usize>,
     /// Rank → relative reduce speed ([`Layout::with_weights`]); empty: all alike.
     weights: Vec<u32>,
 }
@@ -481,6 +485,7 @@ impl Layout {
             rank,
             hosts: vec![ring.clone()],
             host_of: vec![0; n],
+            host_sizes: vec![n],
             ring,
             position,
             weights: Vec::new(),
@@ -508,6 +513,7 @@ impl Layout {
             position: (0..world).collect(),
             hosts: vec![(0..world).collect()],
             host_of: vec![0; world],
+            host_sizes: vec![world],
             weights: Vec::new(),
         }
     }
@@ -535,6 +541,11 @@ impl Layout {
         self.weights.get(rank).copied().unwrap_or(1)
     }
 
+    /// Whether [`Layout::with_weights`] gave the ranks speeds (otherwise all weigh 1).
+    pub fn weighted(&self) -> bool {
+        !self.weights.is_empty()
+    }
+
     /// This layout with its ranks grouped into `hosts` (each rank in exactly one, no host
     /// empty), which the hierarchical algorithms follow. The ring is not changed.
     pub fn with_hosts(mut self, hosts: Vec<Vec<usize>>) -> Result<Self, String> {
@@ -556,6 +567,10 @@ impl Layout {
         if let Some(r) = host_of.iter().position(|&h| h == usize::MAX) {
             return Err(format!("the topology {hosts:?} places rank {r} on no host"));
         }
+        let mut sizes: Vec<usize> = hosts.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        self.host_sizes = sizes;
         self.hosts = hosts;
         self.host_of = host_of;
         Ok(self)
@@ -564,6 +579,14 @@ impl Layout {
     /// The ranks of each host.
     pub fn hosts(&self) -> &[Vec<usize>] {
         &self.hosts
+    }
+    /// The rank counts of the hosts, each once, ascending.
+    pub fn host_sizes(&self) -> &[usize] {
+        &self.host_sizes
+    }
+    /// The rank count of the largest host.
+    pub fn largest_host(&self) -> usize {
+        self.host_sizes.last().copied().unwrap_or(1)
     }
     /// The index in [`Layout::hosts`] of the host of `rank`.
     pub fn host_of(&self, rank: usize) -> usize {

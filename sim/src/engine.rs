@@ -210,7 +210,19 @@ pub fn simulate_both(
     second: &Case,
     g: Group,
 ) -> Result<Both, String> {
-    let mut e = engine(topo, first, g, MAX_STEPS, true)?;
+    simulate_both_within(topo, first, second, g, MAX_STEPS)
+}
+
+/// [`simulate_both`], each run refused (before it starts) where its plans hold more than
+/// `max_steps` steps.
+pub fn simulate_both_within(
+    topo: &Topology,
+    first: &Case,
+    second: &Case,
+    g: Group,
+    max_steps: usize,
+) -> Result<Both, String> {
+    let mut e = engine(topo, first, g, max_steps, true)?;
     e.run()?;
     let out = e.outcome();
     if e.same_times(second)? {
@@ -223,7 +235,7 @@ pub fn simulate_both(
     drop(e);
     Ok(Both {
         first: out,
-        second: simulate_within(topo, second, g, MAX_STEPS)?,
+        second: simulate_within(topo, second, g, max_steps)?,
         second_ran: true,
     })
 }
@@ -315,14 +327,31 @@ fn engine<'a>(
         let rank = e.rank_of(r);
         let plan = Steps::of(&plan_of(&mut e.layout, case, rank)?)?;
         total += plan.len();
+        // After the first host, an estimate for all: a run far too large is refused before
+        // it builds the rest (a 100k-rank 512 MiB row spent two minutes reaching the limit).
+        let early = r + 1 == g.locals && sims > g.locals && {
+            let estimate = (total as u128 * sims as u128 / g.locals as u128) as usize;
+            estimate > max_steps.saturating_add(max_steps / 4)
+        };
+        if early {
+            return Err(format!(
+                "too large to simulate: the first host's {} simulated ranks' plans hold \
+                 {total} steps, about {} for all {sims} (at most {max_steps}, about {:.1} GB); \
+                 simulate fewer ranks (a symmetric algorithm such as ring or hier-ring runs \
+                 one group of hosts) or larger slices",
+                g.locals,
+                total as u128 * sims as u128 / g.locals as u128,
+                max_steps as f64 * 160e-9
+            ));
+        }
         if total > max_steps {
             return Err(format!(
                 "too large to simulate: the first {} of {sims} ranks' plans already hold \
-                 {total} steps (at most {max_steps}, about {} GB); simulate fewer ranks (a \
+                 {total} steps (at most {max_steps}, about {:.1} GB); simulate fewer ranks (a \
                  symmetric algorithm such as ring or hier-ring runs one group of hosts) or \
                  larger slices",
                 r + 1,
-                max_steps * 160 / 1_000_000_000
+                max_steps as f64 * 160e-9
             ));
         }
         let waiting: Vec<u32> = (0..plan.len()).map(|i| plan.deps(i).len() as u32).collect();

@@ -36,14 +36,23 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let run = || -> Result<(), String> {
         let topo = bcl_sim::sweep::topology(&args)?;
-        let rows = bcl_sim::sweep::run(&args, &topo, |line| println!("{line}"))?;
+        let sweep = bcl_sim::sweep::run(&args, &topo, |line| println!("{line}"))?;
         if let Some(path) = &args.json {
             let mut f =
                 std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            for r in &rows {
+            for r in &sweep.rows {
                 let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
                 writeln!(f, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
             }
+        }
+        // The rows that ran are printed (and written); a row left out still fails the run.
+        if !sweep.skipped.is_empty() {
+            let sizes: Vec<String> = sweep.skipped.iter().map(|s| format!("{s} B")).collect();
+            return Err(format!(
+                "rows too large to simulate, left out (see the lines starting '# <size> B: not \
+                 simulated'): {}",
+                sizes.join(", ")
+            ));
         }
         Ok(())
     };

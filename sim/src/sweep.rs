@@ -103,12 +103,17 @@ fn describe(g: Group, topo: &Topology) -> String {
     }
 }
 
+/// What a sweep simulated.
+#[derive(Debug)]
+pub struct Sweep {
+    pub rows: Vec<Measurement>,
+    /// The sizes (bytes) of rows too large to simulate: each said in a comment line, the
+    /// sweep going on past it.
+    pub skipped: Vec<usize>,
+}
+
 /// The rows of the sweep.
-pub fn run(
-    args: &Args,
-    topo: &Topology,
-    mut print: impl FnMut(&str),
-) -> Result<Vec<Measurement>, String> {
+pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<Sweep, String> {
     let n = topo.world();
     if args.collective == CollectiveName::Sendrecv && n < 2 {
         return Err("sendrecv needs 2 ranks or more".into());
@@ -132,6 +137,7 @@ pub fn run(
     ));
     print(&table::header());
     let mut all = Vec::new();
+    let mut skipped = Vec::new();
     for bytes in args.sizes() {
         // sendrecv: every rank's receive sizes the row, its send goes beside it.
         let c = collective_of(args.collective, op, args.root, 0, n);
@@ -160,7 +166,7 @@ pub fn run(
             let Some(&g) = tried.next() else {
                 return Err("no group of ranks to simulate".into());
             };
-            match engine::simulate_both(topo, &case(false), &case(true), g) {
+            match engine::simulate_both_within(topo, &case(false), &case(true), g, args.max_steps) {
                 Err(e) if e.contains("not symmetric") => {
                     let Some(&&next) = tried.peek() else {
                         return Err(e);
@@ -172,8 +178,17 @@ pub fn run(
                         describe(next, topo)
                     ));
                 }
-                other => break other?,
+                // One row too large for memory: said, and the sweep goes on to the next.
+                Err(e) if e.contains("too large to simulate") => {
+                    print(&format!("# {size} B: not simulated: {e}"));
+                    break None;
+                }
+                other => break Some(other?),
             }
+        };
+        let Some(both) = both else {
+            skipped.push(size);
+            continue;
         };
         let mut pair = Vec::new();
         for (in_place, out) in [(false, both.first), (true, both.second)] {
@@ -216,5 +231,5 @@ pub fn run(
         all.extend(pair);
     }
     print(&table::footer(&all));
-    Ok(all)
+    Ok(Sweep { rows: all, skipped })
 }

@@ -101,7 +101,19 @@ fn a_run_too_large_for_memory_is_refused_before_it_starts() {
         e.contains("too large to simulate") && e.contains("10000"),
         "{e}"
     );
-    assert!(simulate_within(&t, &c, Group::all(&t), usize::MAX).is_ok());
+    let all = simulate_within(&t, &c, Group::all(&t), usize::MAX).expect("runs");
+    // Far over the limit: refused by the estimate from the first host's plans, before the
+    // rest are built; just over it: refused once the plans built reach it.
+    let steps = all.steps as usize;
+    let early = simulate_within(&t, &c, Group::all(&t), steps / 2).expect_err("refused");
+    assert!(
+        early.contains("the first host's 4 simulated ranks"),
+        "{early}"
+    );
+    let late = simulate_within(&t, &c, Group::all(&t), steps - 1).expect_err("refused");
+    assert!(late.contains("too large to simulate: the first "), "{late}");
+    assert!(!late.contains("the first host's"), "{late}");
+    assert!(simulate_within(&t, &c, Group::all(&t), steps).is_ok());
 }
 
 #[test]

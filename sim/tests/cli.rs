@@ -3,21 +3,27 @@
 
 use std::process::Command;
 
+/// bcl-sim's allreduce sweep on 64 ranks (8 hosts of 8), 1 to 64 MiB by fours.
+fn sweep() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_bcl-sim"));
+    c.args([
+        "allreduce",
+        "--nranks",
+        "64",
+        "-b",
+        "1M",
+        "-e",
+        "64M",
+        "-f",
+        "4",
+    ]);
+    c
+}
+
 #[test]
 fn a_row_too_large_is_left_out_and_the_sweep_goes_on() {
     let json = std::env::temp_dir().join(format!("bcl-sim-cli-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
-        .args([
-            "allreduce",
-            "--nranks",
-            "64",
-            "-b",
-            "1M",
-            "-e",
-            "64M",
-            "-f",
-            "4",
-        ])
+    let out = sweep()
         .args(["--max-steps", "3000", "--json"])
         .arg(&json)
         .output()
@@ -60,20 +66,7 @@ fn a_row_too_large_is_left_out_and_the_sweep_goes_on() {
     );
 
     // The same sweep within the default limit runs every row.
-    let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
-        .args([
-            "allreduce",
-            "--nranks",
-            "64",
-            "-b",
-            "1M",
-            "-e",
-            "64M",
-            "-f",
-            "4",
-        ])
-        .output()
-        .expect("bcl-sim runs");
+    let out = sweep().output().expect("bcl-sim runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert_eq!(

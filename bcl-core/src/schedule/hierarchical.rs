@@ -84,7 +84,7 @@ struct Segment {
     len: usize,
     /// Which part it is, of how many: on a host of `l` ranks part j is owned by local rank
     /// j·l/parts ([`Segment::owner`]).
-    first: usize,
+    part: usize,
     parts: usize,
 }
 
@@ -93,7 +93,7 @@ impl Segment {
     /// hosts of its rails, not every host (a 100k-rank simulation builds 100k plans).
     fn owner(&self, layout: &Layout, host: usize) -> usize {
         let ranks = &layout.hosts()[host];
-        ranks[self.first * ranks.len() / self.parts]
+        ranks[self.part * ranks.len() / self.parts]
     }
 }
 
@@ -117,10 +117,10 @@ fn segments(layout: &Layout, count: usize, slice: usize) -> Vec<Segment> {
     // One segment per part: the largest host gives each part to another of its ranks, so no
     // two parts share every owner.
     (bounds.into_iter().enumerate())
-        .map(|(first, (offset, len))| Segment {
+        .map(|(part, (offset, len))| Segment {
             offset,
             len,
-            first,
+            part,
             parts,
         })
         .collect()

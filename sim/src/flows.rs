@@ -11,8 +11,11 @@
 //! components (flows linked by the resources they share), so when a flow starts or ends only
 //! its component is recomputed; a flow's bytes are brought up to date only when its rate
 //! changes (each flow keeps the time of its last rate), and flows' ends wait in a heap, where
-//! an end made stale by a new rate is skipped.
+//! an end made stale by a new rate is skipped. Max-min rates depend only on the flows' paths,
+//! so a flow started over the path of one that just ended takes its rate and nothing is
+//! recomputed: the next slice of a message queued behind the last one.
 
+use crate::fast_hash::FastMap;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -60,6 +63,15 @@ impl Route {
         self.len
     }
 
+    /// The route as a map key: its resources and the bits of their coefficients.
+    fn key(&self) -> RouteKey {
+        let mut uses = [(0, 0); MAX_PATH];
+        for (k, &(r, c)) in self.as_slice().iter().enumerate() {
+            uses[k] = (r, c.to_bits());
+        }
+        (self.len, uses)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -86,6 +98,9 @@ impl<const N: usize> From<[(ResourceId, f64); N]> for Route {
         Route::from(&uses[..])
     }
 }
+
+/// A [`Route`] as a map key.
+type RouteKey = (usize, [(ResourceId, u64); MAX_PATH]);
 
 #[derive(Clone, Debug)]
 struct Flow {
@@ -122,6 +137,13 @@ pub struct Flows {
     seq: u64,
     /// Resources whose set of flows changed since rates were last computed.
     dirty: Vec<ResourceId>,
+    /// Paths of flows ended since rates were last computed, with the rate flows over each ran
+    /// at (max-min gives flows over the same path the same rate) and how many ended: a flow
+    /// started over one of them before then takes a place (see the module's doc); the rest make
+    /// their resources dirty when rates are next computed.
+    vacated: FastMap<RouteKey, (Route, f64, usize)>,
+    /// Rate computations so far (each over one or more components).
+    computations: u64,
     ends: BinaryHeap<End>,
     // Scratch of the rate computation, kept to avoid allocating per event.
     epoch: u64,
@@ -187,9 +209,37 @@ impl Flows {
                 self.flows.len() - 1
             }
         };
-        for &(r, _) in self.flows[id].path.as_slice() {
-            self.users[r].push(id);
-            self.dirty.push(r);
+        let key = path.key();
+        let rate = match self.vacated.get_mut(&key) {
+            Some((_, rate, left)) if *left > 0 && *rate > 0.0 => {
+                *left -= 1;
+                Some(*rate)
+            }
+            _ => None,
+        };
+        match rate {
+            Some(rate) => {
+                // The same paths as before: every rate stands, this flow runs at the rate of
+                // the one it replaces.
+                let f = &mut self.flows[id];
+                (f.rate, f.before) = (rate, rate);
+                let end = if f.remaining <= DONE {
+                    self.now
+                } else {
+                    self.now + f.remaining / rate
+                };
+                self.ends
+                    .push(Reverse((end.to_bits(), f.seq, id, f.version)));
+                for &(r, _) in path.as_slice() {
+                    self.users[r].push(id);
+                }
+            }
+            None => {
+                for &(r, _) in path.as_slice() {
+                    self.users[r].push(id);
+                    self.dirty.push(r);
+                }
+            }
         }
         self.running += 1;
         id
@@ -197,6 +247,11 @@ impl Flows {
 
     pub fn running(&self) -> usize {
         self.running
+    }
+
+    /// How many times rates were computed so far.
+    pub fn computations(&self) -> u64 {
+        self.computations
     }
 
     pub fn rate(&mut self, id: FlowId) -> f64 {
@@ -248,8 +303,9 @@ impl Flows {
                 if let Some(k) = users.iter().position(|&u| u == id) {
                     users.swap_remove(k);
                 }
-                self.dirty.push(r);
             }
+            let place = (self.vacated.entry(f.path.key())).or_insert((f.path, f.rate, 0));
+            place.2 += 1;
         }
         self.running -= ended.len();
         self.retired.extend(&ended);
@@ -258,9 +314,18 @@ impl Flows {
 
     /// Recompute the max-min fair rates of the flows linked to a resource whose flows changed.
     fn settle(&mut self) {
+        // Paths left with no flow to take them: their flows' shares go to the others.
+        if !self.vacated.is_empty() {
+            for (_, (path, _, left)) in self.vacated.drain() {
+                if left > 0 {
+                    self.dirty.extend(path.as_slice().iter().map(|&(r, _)| r));
+                }
+            }
+        }
         if self.dirty.is_empty() {
             return;
         }
+        self.computations += 1;
         self.epoch += 1;
         let epoch = self.epoch;
         // The component: every flow and resource reachable from the changed resources.
@@ -452,5 +517,55 @@ mod tests {
         assert!(close(t, 11.0) && ended == vec![long], "{t} {ended:?}");
         assert_eq!(f.running(), 0);
         assert!(f.next_end().is_none());
+    }
+
+    #[test]
+    fn a_flow_in_the_place_of_one_just_ended_runs_at_its_rate_without_a_computation() {
+        // a (cap 10) carries x and y, b (cap 4) carries y and z: x 8, y 2, z 2 (as above).
+        // x ends at 1 s; x2 starts over x's path: every rate stands and none is computed.
+        // When z ends and nothing takes its place, y and then x2 are recomputed.
+        let build = || {
+            let mut f = Flows::new();
+            let a = f.resource(10.0);
+            let b = f.resource(4.0);
+            (f, a, b)
+        };
+        let (mut f, a, b) = build();
+        let x = f.start(8.0, [(a, 1.0)]);
+        let y = f.start(1e3, [(a, 1.0), (b, 1.0)]);
+        let z = f.start(6.0, [(b, 1.0)]);
+        let dt = f.next_end().expect("flows run");
+        assert!(close(dt, 1.0), "{dt}");
+        assert_eq!(f.advance(dt), vec![x]);
+        let computed = f.computations();
+        let x2 = f.start(16.0, [(a, 1.0)]);
+        assert!(close(f.rate(x2), 8.0) && close(f.rate(y), 2.0) && close(f.rate(z), 2.0));
+        assert_eq!(
+            f.computations(),
+            computed,
+            "a flow in another's place computed rates"
+        );
+        // The same flows started afresh have the same rates.
+        let (mut g, a2, b2) = build();
+        let fresh = [
+            g.start(16.0, [(a2, 1.0)]),
+            g.start(1e3, [(a2, 1.0), (b2, 1.0)]),
+            g.start(4.0, [(b2, 1.0)]),
+        ];
+        let rates = fresh.map(|id| g.rate(id));
+        assert!(close(rates[0], 8.0) && close(rates[1], 2.0) && close(rates[2], 2.0));
+        // z (4 left at 2/s) ends at 3 s, x2 (16 at 8/s) too: y alone then runs at 4.
+        let dt = f.next_end().expect("flows run");
+        assert!(close(dt, 2.0), "{dt}");
+        let mut ended = f.advance(dt);
+        ended.sort();
+        let mut both = vec![z, x2];
+        both.sort();
+        assert_eq!(ended, both);
+        assert!(close(f.rate(y), 4.0), "{}", f.rate(y));
+        assert!(f.computations() > computed);
+        // A flow over a path none vacated is computed as ever.
+        let w = f.start(1e3, [(a, 1.0)]);
+        assert!(close(f.rate(w), 6.0) && close(f.rate(y), 4.0));
     }
 }

@@ -523,7 +523,7 @@ mod tests {
     fn a_flow_in_the_place_of_one_just_ended_runs_at_its_rate_without_a_computation() {
         // a (cap 10) carries x and y, b (cap 4) carries y and z: x 8, y 2, z 2 (as above).
         // x ends at 1 s; x2 starts over x's path: every rate stands and none is computed.
-        // When z ends and nothing takes its place, y and then x2 are recomputed.
+        // When z and x2 end with nothing to take their places, y's rate is computed anew.
         let build = || {
             let mut f = Flows::new();
             let a = f.resource(10.0);

@@ -329,18 +329,14 @@ fn engine<'a>(
         total += plan.len();
         // After the first host, an estimate for all: a run far too large is refused before
         // it builds the rest (a 100k-rank 512 MiB row spent two minutes reaching the limit).
-        let early = r + 1 == g.locals && sims > g.locals && {
-            let estimate = (total as u128 * sims as u128 / g.locals as u128) as usize;
-            estimate > max_steps.saturating_add(max_steps / 4)
-        };
-        if early {
+        let estimate = total as u128 * sims as u128 / g.locals as u128;
+        if r + 1 == g.locals && sims > g.locals && estimate > (max_steps as u128) * 5 / 4 {
             return Err(format!(
                 "too large to simulate: the first host's {} simulated ranks' plans hold \
-                 {total} steps, about {} for all {sims} (at most {max_steps}, about {:.1} GB); \
-                 simulate fewer ranks (a symmetric algorithm such as ring or hier-ring runs \
-                 one group of hosts) or larger slices",
+                 {total} steps, about {estimate} for all {sims} (at most {max_steps}, about \
+                 {:.1} GB); simulate fewer ranks (a symmetric algorithm such as ring or \
+                 hier-ring runs one group of hosts) or larger slices",
                 g.locals,
-                total as u128 * sims as u128 / g.locals as u128,
                 max_steps as f64 * 160e-9
             ));
         }

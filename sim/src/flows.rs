@@ -141,7 +141,7 @@ pub struct Flows {
     /// at (max-min gives flows over the same path the same rate) and how many ended: a flow
     /// started over one of them before then takes a place (see the module's doc); the rest make
     /// their resources dirty when rates are next computed.
-    vacated: FastMap<RouteKey, (Route, f64, usize)>,
+    vacated: FastMap<RouteKey, (f64, usize)>,
     /// Rate computations so far (each over one or more components).
     computations: u64,
     ends: BinaryHeap<End>,
@@ -211,7 +211,7 @@ impl Flows {
         };
         let key = path.key();
         let rate = match self.vacated.get_mut(&key) {
-            Some((_, rate, left)) if *left > 0 && *rate > 0.0 => {
+            Some((rate, left)) if *left > 0 && *rate > 0.0 => {
                 *left -= 1;
                 Some(*rate)
             }
@@ -304,8 +304,7 @@ impl Flows {
                     users.swap_remove(k);
                 }
             }
-            let place = (self.vacated.entry(f.path.key())).or_insert((f.path, f.rate, 0));
-            place.2 += 1;
+            self.vacated.entry(f.path.key()).or_insert((f.rate, 0)).1 += 1;
         }
         self.running -= ended.len();
         self.retired.extend(&ended);
@@ -316,9 +315,9 @@ impl Flows {
     fn settle(&mut self) {
         // Paths left with no flow to take them: their flows' shares go to the others.
         if !self.vacated.is_empty() {
-            for (_, (path, _, left)) in self.vacated.drain() {
+            for ((len, uses), (_, left)) in self.vacated.drain() {
                 if left > 0 {
-                    self.dirty.extend(path.as_slice().iter().map(|&(r, _)| r));
+                    self.dirty.extend(uses[..len].iter().map(|&(r, _)| r));
                 }
             }
         }

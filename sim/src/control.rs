@@ -106,20 +106,19 @@ pub fn rendezvous(how: Exchange, world: usize, c: &Constants) -> Load {
         }
         Exchange::Relay => {
             // The store: own keys, subtree keys and their reads, each rank's read of its
-            // parent's key. Rank 0's health port: the table to each of its children. Then
-            // each level's parents send the table to their children, one level after another.
+            // parent's key. Rank 0's health port: the table to each of its children. Each
+            // rank below passes every part on to its own children as it comes, so the levels
+            // overlap: the last level has the table one part's round of its parents after
+            // the level above it.
             let (sets, gets) = requests(Exchange::Relay, world);
             let to_children = children(0, world).count() as f64;
             let up = gathered_records(world) * c.record;
             let table = n * c.record;
             let store = sets as f64 * small + up + gets as f64 * (c.record + framing);
-            let down =
-                f64::from(tree_depth(world)) * to_children.min(FANOUT as f64) * table * c.per_byte;
-            (
-                sets + gets,
-                store + to_children * table,
-                down - to_children * table * c.per_byte,
-            )
+            let part = table.min(bcl_core::health::TABLE_PART as f64);
+            let below = f64::from(tree_depth(world).saturating_sub(1));
+            let down = below * to_children.min(FANOUT as f64) * part * c.per_byte;
+            (sets + gets, store + to_children * table, down)
         }
     };
     Load {

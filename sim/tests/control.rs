@@ -63,6 +63,31 @@ fn requests_and_bytes_follow_the_closed_forms() {
 }
 
 #[test]
+fn a_relayed_table_costs_the_levels_below_rank_0_one_part_each() {
+    let c = Constants::default();
+    for n in [64usize, 1000, 10_000, 100_000] {
+        let relay = rendezvous(Exchange::Relay, n, &c);
+        let own = relay.requests * c.per_request + relay.bytes * c.per_byte;
+        let table = n as f64 * c.record;
+        let part = table.min(bcl_core::health::TABLE_PART as f64);
+        let (_, deepest) = walk(n);
+        // Every level below rank 0's children has the table one round of 16 parts later.
+        let below = f64::from(deepest - 1) * 16.0 * part * c.per_byte;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12);
+        assert!(
+            close(relay.seconds - own, below),
+            "{n}: {} {below}",
+            relay.seconds - own
+        );
+        // Level after level, each waiting for the whole table, took a table's round each.
+        let whole = f64::from(deepest - 1) * 16.0 * table * c.per_byte;
+        if n >= 10_000 {
+            assert!(below * 30.0 < whole, "{n}: {below} {whole}");
+        }
+    }
+}
+
+#[test]
 fn rank_zero_s_bytes_grow_with_the_square_of_the_world_unless_the_table_is_relayed() {
     let c = Constants::default();
     let bytes = |how, n| rendezvous(how, n, &c).bytes;

@@ -39,6 +39,7 @@ pub(crate) mod wire;
 use recorder::FlightRecorder;
 use state::{Inner, OpLog};
 pub use verdict::{Cause, Verdict};
+pub use wire::TABLE_PART;
 
 use crate::config::HealthConfig;
 use crate::exec::{Measurements, PeerBytes};
@@ -81,7 +82,7 @@ impl Health {
             detector: Mutex::new(None),
             summary: Mutex::new(slow::Summary::default()),
             relayed: Mutex::new(std::collections::VecDeque::new()),
-            table: Mutex::new(None),
+            table: Mutex::new(table::Relayed::Nothing),
             table_ready: parking_lot::Condvar::new(),
             post: Default::default(),
             rank,

@@ -64,9 +64,9 @@ pub(crate) struct Inner {
     /// Windows this rank's children in the reports' tree sent up, to pass on with its own
     /// (every rank but rank 0; bounded by [`RELAYED_PER_RANK`] per rank below it).
     pub(super) relayed: Mutex<std::collections::VecDeque<slow::Window>>,
-    /// The rendezvous table this rank hands to its children in the gathering tree, once it
-    /// has it, and the signal that it came.
-    pub(super) table: Mutex<Option<Arc<Vec<u8>>>>,
+    /// The rendezvous table this rank hands to its children in the gathering tree, as much
+    /// of it as has come, and the signal that more came.
+    pub(super) table: Mutex<super::table::Relayed>,
     pub(super) table_ready: parking_lot::Condvar,
     /// Shrink proposals and addresses from other ranks.
     pub(super) post: super::membership::Post,

@@ -38,21 +38,36 @@ struct Streak {
 pub(crate) struct Detector {
     peers: Vec<RankInfo>,
     pending: Vec<Window>,
-    entries: BTreeMap<u32, Vec<Option<u64>>>,
+    /// Per sampled collective: how many ranks' entry times are known, and each rank's (µs
+    /// since the epoch; 0: not yet). 8 bytes a rank: 512 collectives of 100k ranks hold 410 MB.
+    entries: BTreeMap<u32, (usize, Vec<u64>)>,
     streaks: HashMap<Finding, Streak>,
     summary: Summary,
 }
 
 fn median(values: &mut [f32]) -> Option<f32> {
-    if values.is_empty() {
+    values.sort_by(f32::total_cmp);
+    median_of_sorted(values.len(), |i| values[i])
+}
+
+/// The median of `n` sorted values, `at(i)` the i-th.
+fn median_of_sorted(n: usize, at: impl Fn(usize) -> f32) -> Option<f32> {
+    if n == 0 {
         return None;
     }
-    values.sort_by(f32::total_cmp);
-    let n = values.len();
     Some(if n % 2 == 1 {
-        values[n / 2]
+        at(n / 2)
     } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
+        (at(n / 2 - 1) + at(n / 2)) / 2.0
+    })
+}
+
+/// The median of `sorted` with one value equal to `value` taken out (the others' median,
+/// in O(log n) where sorting them afresh for each of n values was O(n² log n)).
+fn median_without(sorted: &[f32], value: f32) -> Option<f32> {
+    let gone = sorted.partition_point(|v| v.total_cmp(&value).is_lt());
+    median_of_sorted(sorted.len().saturating_sub(1), |i| {
+        sorted[if i < gone { i } else { i + 1 }]
     })
 }
 
@@ -67,6 +82,11 @@ impl Detector {
         }
     }
 
+    /// The ranks it watches.
+    pub fn world(&self) -> usize {
+        self.peers.len()
+    }
+
     pub fn summary(&self) -> &Summary {
         &self.summary
     }
@@ -79,7 +99,15 @@ impl Detector {
             return;
         }
         for &(seq, at) in &window.entries {
-            self.entries.entry(seq).or_insert_with(|| vec![None; world])[rank] = Some(at);
+            let (known, times) = self
+                .entries
+                .entry(seq)
+                .or_insert_with(|| (0, vec![0; world]));
+            let at = at.max(1);
+            if times[rank] == 0 {
+                *known += 1;
+            }
+            times[rank] = at;
         }
         while self.entries.len() > ENTRY_HISTORY {
             self.entries.pop_first();
@@ -139,33 +167,36 @@ impl Detector {
     /// Links slower than 0.6 of the median of comparable links (same-host or cross-host; all
     /// links where a class has too few), links of slow devices left out.
     fn slow_links(&self, links: &[LinkStat], slow_devices: &[usize], verdicts: &mut Judged) {
+        let same_host = |l: &LinkStat| self.same_host(l.from, l.to);
+        // Each class's rates sorted once (and all links'), so that a link's comparable
+        // median is the class's without it: O(L log L) for L links, not O(L²).
+        let sorted = |pick: &dyn Fn(&LinkStat) -> bool| {
+            let mut rates: Vec<f32> = links.iter().filter(|l| pick(l)).map(|l| l.gbps).collect();
+            rates.sort_by(f32::total_cmp);
+            rates
+        };
+        let classes = [sorted(&|l| !same_host(l)), sorted(&|l| same_host(l))];
+        let all = sorted(&|_| true);
         for link in links {
             let finding = Finding::SlowLink {
                 from: link.from,
                 to: link.to,
             };
-            if slow_devices.contains(&link.from) || slow_devices.contains(&link.to) {
+            if slow_devices.binary_search(&link.from).is_ok()
+                || slow_devices.binary_search(&link.to).is_ok()
+            {
                 // Judged: its slowness is the device's.
                 verdicts.judged.push(finding);
                 continue;
             }
-            let same_host = |l: &LinkStat| self.same_host(l.from, l.to);
-            let others = || {
-                links
-                    .iter()
-                    .filter(|l| (l.from, l.to) != (link.from, link.to))
-            };
-            let mut comparable: Vec<f32> = (others().filter(|l| same_host(l) == same_host(link)))
-                .map(|l| l.gbps)
-                .collect();
-            if comparable.len() < 2 {
-                comparable = others().map(|l| l.gbps).collect();
-            }
-            if comparable.len() < 2 {
+            // The other links of its class, or all the others where its class has too few.
+            let class = &classes[usize::from(same_host(link))];
+            let comparable = if class.len() > 2 { class } else { &all };
+            if comparable.len() < 3 {
                 continue;
             }
             verdicts.judged.push(finding);
-            if let Some(m) = median(&mut comparable)
+            if let Some(m) = median_without(comparable, link.gbps)
                 && link.gbps < SLOW_LINK_FRACTION * m
             {
                 let host = self.peers.get(link.to).map_or("?", |p| p.hostname.as_str());
@@ -186,14 +217,22 @@ impl Detector {
             .iter()
             .filter_map(|r| r.lateness_ms.map(|l| (r.rank, l)))
             .collect();
+        // The latest two, so that "any other rank" is one look, not a pass over all.
+        let (mut first, mut second) = ((usize::MAX, 0f32), 0f32);
+        for &(rank, late) in &lateness {
+            if late > first.1 {
+                second = first.1;
+                first = (rank, late);
+            } else {
+                second = second.max(late);
+            }
+        }
         for &(rank, late) in &lateness {
             verdicts.judged.push(Finding::Straggler(rank));
-            let others = (lateness.iter().filter(|(r, _)| *r != rank))
-                .map(|(_, l)| *l)
-                .fold(0f32, f32::max);
+            let others = if rank == first.0 { second } else { first.1 };
             if late > STRAGGLER_MIN_MS
                 && late > STRAGGLER_FACTOR * others.max(1.0)
-                && !slow_devices.contains(&rank)
+                && slow_devices.binary_search(&rank).is_err()
             {
                 verdicts.found.push((
                     Finding::Straggler(rank),
@@ -209,12 +248,13 @@ impl Detector {
     /// Keep each link's and rank's latest measured figures in the summary, so that a quiet
     /// window (no traffic) does not blank them.
     fn remember(&mut self, links: Vec<LinkStat>, ranks: Vec<RankStat>) {
+        // The summary's links are sorted: each found by a binary search.
+        let known = self.summary.links.len();
         for link in links {
-            let known =
-                (self.summary.links.iter_mut()).find(|l| (l.from, l.to) == (link.from, link.to));
-            match known {
-                Some(old) => *old = link,
-                None => self.summary.links.push(link),
+            let key = (link.from, link.to);
+            match self.summary.links[..known].binary_search_by_key(&key, |l| (l.from, l.to)) {
+                Ok(i) => self.summary.links[i] = link,
+                Err(_) => self.summary.links.push(link),
             }
         }
         self.summary.links.sort_by_key(|l| (l.from, l.to));
@@ -265,25 +305,24 @@ impl Detector {
             .collect();
         // Lateness over the complete collectives of the recent history.
         let world = self.peers.len();
-        let complete: Vec<&Vec<Option<u64>>> = self
+        let complete: Vec<&Vec<u64>> = self
             .entries
             .values()
             .rev()
-            .filter(|e| e.iter().all(Option::is_some))
+            .filter(|(known, _)| *known == world)
+            .map(|(_, times)| times)
             .take(LATENESS_SAMPLES)
             .collect();
         let mut late: Vec<Vec<f32>> = vec![Vec::new(); world];
         for entry in &complete {
             // µs since the epoch lose precision in f32: work relative to the earliest entry.
-            let base = entry.iter().flatten().min().copied().unwrap_or(0);
-            let mut times: Vec<f32> = entry.iter().flatten().map(|&t| (t - base) as f32).collect();
+            let base = entry.iter().min().copied().unwrap_or(0);
+            let mut times: Vec<f32> = entry.iter().map(|&t| (t - base) as f32).collect();
             let Some(m) = median(&mut times) else {
                 continue;
             };
             for (rank, t) in entry.iter().enumerate() {
-                if let Some(t) = t {
-                    late[rank].push(((t - base) as f32 - m) / 1000.0);
-                }
+                late[rank].push(((t - base) as f32 - m) / 1000.0);
             }
         }
         let ranks = (0..world)
@@ -305,6 +344,8 @@ impl Detector {
 
     fn update_streaks(&mut self, verdicts: Judged, ops: u64) -> Vec<String> {
         let Judged { found, judged } = verdicts;
+        let judged: std::collections::HashSet<Finding> = judged.into_iter().collect();
+        let found_now: std::collections::HashSet<Finding> = found.iter().map(|(f, _)| *f).collect();
         let mut raised = Vec::new();
         for (finding, line) in &found {
             let s = self.streaks.entry(*finding).or_default();
@@ -321,7 +362,7 @@ impl Detector {
         self.streaks.retain(|finding, s| {
             // Found, or not judged this time (no data on it in this evaluation's windows):
             // the streak stands as it was.
-            if found.iter().any(|(f, _)| f == finding) || !judged.contains(finding) {
+            if found_now.contains(finding) || !judged.contains(finding) {
                 return true;
             }
             s.absent += 1;
@@ -335,5 +376,147 @@ impl Detector {
         active.sort_by_key(|(f, _)| **f);
         self.summary.verdicts = active.into_iter().map(|(_, s)| s.line.clone()).collect();
         raised
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A detector over `world` ranks on hosts of 4.
+    fn detector(world: usize) -> Detector {
+        let peers = (0..world)
+            .map(|r| {
+                let mut p = RankInfo::for_tests(r, None);
+                p.host_id = format!("h{}", r / 4);
+                p
+            })
+            .collect();
+        Detector::new(peers)
+    }
+
+    /// The definitions, pass by pass: each link against every other link of its class (all
+    /// others where the class has fewer than two), each rank against every other rank.
+    fn by_definition(
+        d: &Detector,
+        links: &[LinkStat],
+        ranks: &[RankStat],
+        slow: &[usize],
+    ) -> Judged {
+        let mut v = Judged::default();
+        for link in links {
+            let finding = Finding::SlowLink {
+                from: link.from,
+                to: link.to,
+            };
+            if slow.contains(&link.from) || slow.contains(&link.to) {
+                v.judged.push(finding);
+                continue;
+            }
+            let others: Vec<&LinkStat> = links
+                .iter()
+                .filter(|l| (l.from, l.to) != (link.from, link.to))
+                .collect();
+            let class = |l: &LinkStat| d.same_host(l.from, l.to);
+            let mut comparable: Vec<f32> = (others.iter())
+                .filter(|l| class(l) == class(link))
+                .map(|l| l.gbps)
+                .collect();
+            if comparable.len() < 2 {
+                comparable = others.iter().map(|l| l.gbps).collect();
+            }
+            if comparable.len() < 2 {
+                continue;
+            }
+            v.judged.push(finding);
+            let m = median(&mut comparable).expect("values");
+            if link.gbps < SLOW_LINK_FRACTION * m {
+                v.found.push((finding, format!("{m}")));
+            }
+        }
+        for r in ranks {
+            let Some(late) = r.lateness_ms else { continue };
+            v.judged.push(Finding::Straggler(r.rank));
+            let others = (ranks.iter())
+                .filter(|o| o.rank != r.rank)
+                .filter_map(|o| o.lateness_ms)
+                .fold(0f32, f32::max);
+            if late > STRAGGLER_MIN_MS
+                && late > STRAGGLER_FACTOR * others.max(1.0)
+                && !slow.contains(&r.rank)
+            {
+                v.found.push((Finding::Straggler(r.rank), String::new()));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn links_and_stragglers_are_judged_as_their_definitions_say() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let (mut found, mut cases) = (0, 0);
+        for case in 0..400 {
+            let world = 2 + next(22) as usize;
+            let d = detector(world);
+            // Few or many links, rates from a small set (ties) with a slow one now and then.
+            let mut links: Vec<LinkStat> = Vec::new();
+            for _ in 0..next(3 * world as u64 + 1) {
+                let (from, to) = (next(world as u64) as usize, next(world as u64) as usize);
+                if from == to || links.iter().any(|l| (l.from, l.to) == (from, to)) {
+                    continue;
+                }
+                let gbps = if next(6) == 0 {
+                    1.0
+                } else {
+                    8.0 + next(4) as f32
+                };
+                links.push(LinkStat {
+                    from,
+                    to,
+                    gbps,
+                    samples: 3,
+                });
+            }
+            links.sort_by_key(|l| (l.from, l.to));
+            let ranks: Vec<RankStat> = (0..world)
+                .map(|rank| RankStat {
+                    rank,
+                    device_gbps: None,
+                    lateness_ms: (next(4) != 0).then(|| match next(8) {
+                        0 => 40.0 + next(40) as f32,
+                        1 => -(next(5) as f32),
+                        _ => next(3) as f32,
+                    }),
+                })
+                .collect();
+            let slow: Vec<usize> = (0..world).filter(|_| next(8) == 0).collect();
+            let mut got = Judged::default();
+            d.slow_links(&links, &slow, &mut got);
+            d.stragglers(&ranks, &slow, &mut got);
+            let want = by_definition(&d, &links, &ranks, &slow);
+            let findings = |j: &Judged| j.found.iter().map(|(f, _)| *f).collect::<Vec<_>>();
+            assert_eq!(findings(&got), findings(&want), "case {case}");
+            assert_eq!(got.judged, want.judged, "case {case}");
+            // The medians the lines quote are the definition's.
+            for ((_, line), (_, m)) in got.found.iter().zip(&want.found) {
+                assert!(
+                    m.is_empty()
+                        || line.contains(&format!("median {:.2}", m.parse::<f32>().expect("m"))),
+                    "case {case}: {line} / {m}"
+                );
+            }
+            found += want.found.len();
+            cases += 1;
+        }
+        assert!(
+            found > 50 && cases == 400,
+            "the cases find something: {found}"
+        );
     }
 }

@@ -15,8 +15,11 @@
 //! have sent by then, and a report that arrives late must not break a streak.
 
 mod detector;
+mod rounds;
 
 pub(crate) use detector::Detector;
+#[doc(hidden)]
+pub use rounds::ReportRound;
 
 use super::verdict::rank_list;
 #[cfg(test)]

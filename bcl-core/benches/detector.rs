@@ -1,0 +1,31 @@
+//! Rank 0's slow-node detector under one round of windows (one from every rank, 500 ms of a
+//! busy rank's measurements each): decoding, taking and evaluating them, at 1k, 10k and 100k
+//! ranks. What `bcl-sim control` charges per window (docs/scale.md) comes from here.
+//!   cargo bench -p bcl-core --bench detector
+
+use bcl_core::health::slow::ReportRound;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use std::time::Duration;
+
+fn detector(c: &mut Criterion) {
+    let mut group = c.benchmark_group("detector_round");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
+    for world in [1024usize, 10_000, 100_000] {
+        // 100 collectives a second, one in four sampled: 12 entry times a window.
+        let Ok(mut round) = ReportRound::new(world, 12) else {
+            panic!("a detector for {world} ranks");
+        };
+        // Fill the history first, as a running job has it.
+        for _ in 0..48 {
+            round.run();
+        }
+        group.throughput(Throughput::Elements(world as u64));
+        group.bench_function(format!("{world}_ranks"), |b| b.iter(|| round.run()));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, detector);
+criterion_main!(benches);

@@ -21,6 +21,10 @@ fn detector(c: &mut Criterion) {
         for _ in 0..48 {
             round.run();
         }
+        eprintln!(
+            "{world} ranks: the summary answered to each report takes {} bytes",
+            round.summary_bytes()
+        );
         group.throughput(Throughput::Elements(world as u64));
         group.bench_function(format!("{world}_ranks"), |b| b.iter(|| round.run()));
     }

@@ -93,4 +93,11 @@ impl ReportRound {
         }
         self.detector.evaluate().len()
     }
+
+    /// The bytes of the summary rank 0 answers each report with, framed: what every parent
+    /// sends each of its children every window.
+    pub fn summary_bytes(&self) -> usize {
+        let summary = Message::Summary(self.detector.summary().clone());
+        wire::encode(&summary).map_or(0, |frame| frame.len())
+    }
 }

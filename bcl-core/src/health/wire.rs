@@ -98,7 +98,8 @@ pub enum Message {
     },
 }
 
-/// The bytes of the rendezvous table one message carries, well within [`MAX_MESSAGE`].
+/// The bytes of the rendezvous table one message carries, well within a message's limit
+/// (`MAX_MESSAGE`).
 pub const TABLE_PART: usize = 48 << 10;
 
 /// `message` framed, ready to write.

@@ -21,9 +21,9 @@ fn detector(c: &mut Criterion) {
         for _ in 0..48 {
             round.run();
         }
+        let (whole, part) = round.summary_bytes();
         eprintln!(
-            "{world} ranks: the summary answered to each report takes {} bytes",
-            round.summary_bytes()
+            "{world} ranks: the summary takes {whole} bytes, its parts for rank 0's children {part}"
         );
         group.throughput(Throughput::Elements(world as u64));
         group.bench_function(format!("{world}_ranks"), |b| b.iter(|| round.run()));

@@ -3,7 +3,7 @@
 //! one that announces no or too many windows, and a window from outside the child's subtree.
 
 use super::Health;
-use super::slow::Window;
+use super::slow::{LinkStat, RankStat, Summary, Window};
 use super::wire::{self, Message, Purpose};
 use crate::config::HealthConfig;
 use crate::peers::RankInfo;
@@ -102,4 +102,55 @@ fn a_parent_holds_a_bounded_number_of_windows() {
         assert!(matches!(reply, Some(Message::Summary(_))), "{reply:?}");
     }
     assert_eq!(held(&health).len(), 83);
+}
+
+#[test]
+fn a_child_is_answered_with_its_subtree_s_part_of_the_summary_and_every_verdict() {
+    let (health, secret) = rank_one();
+    // What rank 1 holds: a ring's links over all 40 ranks, every rank's figures, a verdict.
+    let link = |from: usize, to: usize| LinkStat {
+        from,
+        to,
+        gbps: 1.0,
+        samples: 3,
+    };
+    let held = Summary {
+        links: (0..WORLD).map(|r| link(r, (r + 1) % WORLD)).collect(),
+        ranks: (0..WORLD)
+            .map(|rank| RankStat {
+                rank,
+                ..RankStat::default()
+            })
+            .collect(),
+        verdicts: vec!["slow link rank 30 → rank 31".into()],
+        raised_total: 2,
+        evaluations: 9,
+    };
+    *health.inner.summary.lock() = held;
+    let Some(Message::Summary(got)) = report(&health, &secret, 5, 1, &[5]) else {
+        panic!("no summary for rank 5");
+    };
+    // Rank 5's subtree: 5 and 21..=24; the ring links into or out of it.
+    let ranks: Vec<usize> = got.ranks.iter().map(|r| r.rank).collect();
+    assert_eq!(ranks, vec![5, 21, 22, 23, 24]);
+    let links: Vec<(usize, usize)> = got.links.iter().map(|l| (l.from, l.to)).collect();
+    assert_eq!(
+        links,
+        vec![
+            (4, 5),
+            (5, 6),
+            (20, 21),
+            (21, 22),
+            (22, 23),
+            (23, 24),
+            (24, 25)
+        ]
+    );
+    assert_eq!(
+        got.verdicts,
+        vec!["slow link rank 30 → rank 31".to_string()]
+    );
+    assert_eq!((got.raised_total, got.evaluations), (2, 9));
+    // Rank 1 itself keeps all it had.
+    assert_eq!(health.inner.summary.lock().links.len(), WORLD);
 }

@@ -340,7 +340,7 @@ fn report(inner: &Arc<Inner>, stream: &mut TcpStream, peer: usize, windows: u32)
             other => return refuse(format!("expected a window from rank {peer}, got {other:?}")),
         }
     }
-    wire::send(stream, &Message::Summary(inner.summary()))
+    wire::send(stream, &Message::Summary(inner.summary_for(peer)))
 }
 
 /// Hand `verdict` to every other rank directly (the ring flood reaches the rest).

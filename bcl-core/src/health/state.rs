@@ -170,9 +170,11 @@ impl Inner {
         relayed.push_back(window);
     }
 
-    /// The latest summary (rank 0's own, or the one its parent last answered).
-    pub(super) fn summary(&self) -> slow::Summary {
-        self.summary.lock().clone()
+    /// What `child`'s report is answered with: the part of the latest summary (rank 0's own,
+    /// or the one its parent last answered) about its subtree, and every verdict.
+    pub(super) fn summary_for(&self, child: usize) -> slow::Summary {
+        let fanout = self.config.report_fanout;
+        (self.summary.lock()).of_subtree(|r| crate::tree::in_subtree(r, child, fanout))
     }
 
     /// Make the health thread look at its queues now.

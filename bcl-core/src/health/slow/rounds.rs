@@ -3,7 +3,7 @@
 //! (each window decoded from its frame, handed to the detector) and its own window's close
 //! (an evaluation). Not an API.
 
-use super::{Detector, Window};
+use super::{Detector, Summary, Window};
 use crate::health::wire::{self, FrameReader, Message};
 use crate::peers::RankInfo;
 use bcl_backends::{DeviceCapabilities, DeviceInfo, Vendor};
@@ -94,10 +94,15 @@ impl ReportRound {
         self.detector.evaluate().len()
     }
 
-    /// The bytes of the summary rank 0 answers each report with, framed: what every parent
-    /// sends each of its children every window.
-    pub fn summary_bytes(&self) -> usize {
-        let summary = Message::Summary(self.detector.summary().clone());
-        wire::encode(&summary).map_or(0, |frame| frame.len())
+    /// The bytes of rank 0's whole summary, framed, and of the parts it answers its
+    /// children's reports with in a window (their subtrees in the reports' default tree).
+    pub fn summary_bytes(&self) -> (usize, usize) {
+        let size = |s: Summary| wire::encode(&Message::Summary(s)).map_or(0, |f| f.len());
+        let whole = self.detector.summary();
+        let (world, fanout) = (self.detector.world(), crate::tree::FANOUT);
+        let parts = crate::tree::children(0, world, fanout)
+            .map(|c| size(whole.of_subtree(|r| crate::tree::in_subtree(r, c, fanout))))
+            .sum();
+        (size(whole.clone()), parts)
     }
 }

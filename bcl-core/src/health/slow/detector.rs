@@ -2,8 +2,9 @@
 //! hysteresis. Slow devices are judged first, because they also slow the messages into them.
 
 use super::{
-    ENTRY_HISTORY, HYSTERESIS, LATENESS_SAMPLES, LinkStat, RankStat, SLOW_DEVICE_FRACTION,
-    SLOW_LINK_FRACTION, STRAGGLER_FACTOR, STRAGGLER_MIN_MS, Summary, Window,
+    ENTRY_CELLS, ENTRY_HISTORY, ENTRY_HISTORY_LEAST, HYSTERESIS, LATENESS_SAMPLES, LinkStat,
+    RankStat, SLOW_DEVICE_FRACTION, SLOW_LINK_FRACTION, STRAGGLER_FACTOR, STRAGGLER_MIN_MS,
+    Summary, Window,
 };
 use crate::peers::RankInfo;
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +42,8 @@ pub(crate) struct Detector {
     /// Per sampled collective: how many ranks' entry times are known, and each rank's (µs
     /// since the epoch; 0: not yet). 8 bytes a rank: 512 collectives of 100k ranks hold 410 MB.
     entries: BTreeMap<u32, (usize, Vec<u64>)>,
+    /// Collectives whose entry times are kept (`history`).
+    history: usize,
     streaks: HashMap<Finding, Streak>,
     summary: Summary,
 }
@@ -48,6 +51,11 @@ pub(crate) struct Detector {
 fn median(values: &mut [f32]) -> Option<f32> {
     values.sort_by(f32::total_cmp);
     median_of_sorted(values.len(), |i| values[i])
+}
+
+/// Sampled collectives whose entry times a detector of `world` ranks keeps, in `cells` times.
+fn history(world: usize, cells: usize) -> usize {
+    (cells / world.max(1)).clamp(ENTRY_HISTORY_LEAST, ENTRY_HISTORY)
 }
 
 /// The median of `n` sorted values, `at(i)` the i-th.
@@ -74,6 +82,7 @@ fn median_without(sorted: &[f32], value: f32) -> Option<f32> {
 impl Detector {
     pub fn new(peers: Vec<RankInfo>) -> Self {
         Detector {
+            history: history(peers.len(), ENTRY_CELLS),
             peers,
             pending: Vec::new(),
             entries: BTreeMap::new(),
@@ -109,7 +118,7 @@ impl Detector {
             }
             times[rank] = at;
         }
-        while self.entries.len() > ENTRY_HISTORY {
+        while self.entries.len() > self.history {
             self.entries.pop_first();
         }
         self.pending.push(window);
@@ -449,6 +458,27 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn the_entry_times_kept_stay_within_their_bound_down_to_what_lateness_needs() {
+        assert_eq!(history(4, ENTRY_CELLS), ENTRY_HISTORY);
+        assert_eq!(history(10_000, ENTRY_CELLS), ENTRY_HISTORY);
+        assert_eq!(history(100_000, ENTRY_CELLS), 167);
+        assert_eq!(history(10_000_000, ENTRY_CELLS), 2 * LATENESS_SAMPLES);
+        // A detector keeps no more than that: 40 ranks in 64 x 40 cells keep 64 collectives.
+        let mut d = detector(40);
+        d.history = history(40, 64 * 40);
+        for rank in 0..40u32 {
+            let mut w = Window::new(rank);
+            w.entries = (0..200)
+                .map(|seq| (seq, 1_000_000 + u64::from(seq)))
+                .collect();
+            d.add(w);
+        }
+        assert_eq!(d.entries.len(), 64);
+        assert_eq!(d.entries.keys().next(), Some(&136), "the latest kept");
+        assert!(d.entries.values().all(|(known, _)| *known == 40));
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub struct RankStat {
 /// What the detector knows now: per-link bandwidth, per-rank device speed and lateness, and
 /// the verdicts in force. Rank 0 holds all of it; every other rank the part about its own
 /// subtree of the reports' tree (links into or out of it, its ranks) and every verdict
-/// ([`Summary::of_subtree`]).
+/// (`Summary::of_subtree`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub links: Vec<LinkStat>,

@@ -3,8 +3,8 @@
 //! ranks. What `bcl-sim control` charges per window (docs/scale.md) comes from here.
 //!   cargo bench -p bcl-core --bench detector
 
-use bcl_core::health::slow::ReportRound;
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use bcl_core::health::slow::{ReportRound, frames};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::Duration;
 
 fn detector(c: &mut Criterion) {
@@ -12,21 +12,34 @@ fn detector(c: &mut Criterion) {
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(10));
+    // 100 collectives a second, one in four sampled: 12 entry times a window.
+    let entries = 12;
     for world in [1024usize, 10_000, 100_000] {
-        // 100 collectives a second, one in four sampled: 12 entry times a window.
-        let Ok(mut round) = ReportRound::new(world, 12) else {
+        let Ok(mut round) = ReportRound::new(world) else {
             panic!("a detector for {world} ranks");
         };
         // Fill the history first, as a running job has it.
+        let mut next = 0u32;
         for _ in 0..48 {
-            round.run();
+            round.take(&frames(world, entries, next));
+            next += 1;
         }
         let (whole, part) = round.summary_bytes();
         eprintln!(
             "{world} ranks: the summary takes {whole} bytes, its parts for rank 0's children {part}"
         );
         group.throughput(Throughput::Elements(world as u64));
-        group.bench_function(format!("{world}_ranks"), |b| b.iter(|| round.run()));
+        // Only rank 0's part is timed: the senders frame their windows in the setup.
+        group.bench_function(format!("{world}_ranks"), |b| {
+            b.iter_batched(
+                || {
+                    next += 1;
+                    frames(world, entries, next)
+                },
+                |f| round.take(&f),
+                BatchSize::PerIteration,
+            )
+        });
     }
     group.finish();
 }

@@ -40,7 +40,7 @@ impl Default for Constants {
     /// the two store costs; a connection's cost from connecting 64 ranks (15-23 ms). A
     /// verdict's dial is taken as one such connection; a ring hop is assumed, not measured.
     /// A window's cost at rank 0 from `cargo bench -p bcl-core --bench detector` on
-    /// 2026-12-07: a round of 100k windows in 400 ms (10k: 34.7 ms, 1024: 3.0 ms).
+    /// 2026-12-07: a round of 100k windows in 278 ms (10k: 25.4 ms, 1024: 2.1 ms).
     fn default() -> Self {
         Constants {
             per_request: 26.9e-6,
@@ -48,7 +48,7 @@ impl Default for Constants {
             record: 177.0,
             per_connection: 250e-6,
             dial: 250e-6,
-            per_window: 4e-6,
+            per_window: 2.8e-6,
             window: 0.5,
             hop: 100e-6,
         }

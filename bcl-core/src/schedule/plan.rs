@@ -134,7 +134,7 @@ impl Accesses {
         &self,
         region: Region,
         deps: &mut Vec<usize>,
-        covering: Option<&mut Vec<(usize, usize)>>,
+        mut covering: Option<&mut Vec<(usize, usize)>>,
     ) {
         // An earlier access [o, o + l) overlaps [a, a + len) when o < a + len and
         // o + l > a, so o > a - longest.
@@ -143,17 +143,14 @@ impl Accesses {
         if from >= end {
             return;
         }
-        let range = self.by_offset.range((from, 0)..(end, 0));
-        match covering {
-            None => deps.extend(range.filter(|(k, l)| k.0 + **l > a).map(|(k, _)| k.1)),
-            Some(covered) => {
-                for (&(o, step), &l) in range {
-                    if o + l > a {
-                        deps.push(step);
-                        if o >= a && o + l <= end {
-                            covered.push((o, step));
-                        }
-                    }
+        for (&(o, step), &l) in self.by_offset.range((from, 0)..(end, 0)) {
+            if o + l > a {
+                deps.push(step);
+                if let Some(covered) = covering.as_deref_mut()
+                    && o >= a
+                    && o + l <= end
+                {
+                    covered.push((o, step));
                 }
             }
         }

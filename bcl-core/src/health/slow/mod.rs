@@ -19,7 +19,7 @@ mod rounds;
 
 pub(crate) use detector::Detector;
 #[doc(hidden)]
-pub use rounds::ReportRound;
+pub use rounds::{ReportRound, frames};
 
 use super::verdict::rank_list;
 #[cfg(test)]
@@ -48,7 +48,7 @@ pub(crate) fn entry_sampled(seq: u32) -> bool {
 /// different moments...
 pub(super) const ENTRY_HISTORY: usize = 512;
 /// ...as long as their times (8 bytes a rank) stay within this many, so that rank 0 holds at
-/// most 128 MiB of them (at 100k ranks, 512 collectives took 410 MB; now 167 are kept)...
+/// most 128 MiB of them (beyond 32k ranks, fewer collectives)...
 pub(super) const ENTRY_CELLS: usize = 1 << 24;
 /// ...and never fewer than this many collectives: twice those the lateness needs complete.
 pub(super) const ENTRY_HISTORY_LEAST: usize = 2 * LATENESS_SAMPLES;
@@ -132,31 +132,19 @@ pub struct Summary {
 
 impl Summary {
     /// The part a child whose subtree holds the ranks `inside` gets in answer to its report:
-    /// every verdict and count, the links into or out of the subtree, its ranks. Whole, the
-    /// summary went down every level (100k ranks: 3.4 MB to each of 16 children every window,
-    /// `cargo bench -p bcl-core --bench detector`); by subtrees, a level's parents send about
-    /// one whole summary between them.
+    /// the links into or out of the subtree, its ranks, every verdict and count. Whole, the
+    /// summary went to every child at every level; by subtrees, a level's parents send about
+    /// one summary between them (docs/scale.md).
     pub(crate) fn of_subtree(&self, inside: impl Fn(usize) -> bool) -> Summary {
         Summary {
             links: (self.links.iter())
                 .filter(|l| inside(l.from) || inside(l.to))
                 .cloned()
                 .collect(),
-            ranks: self
-                .ranks
-                .iter()
+            ranks: (self.ranks.iter())
                 .filter(|r| inside(r.rank))
                 .cloned()
                 .collect(),
-            ..self.clone_counts()
-        }
-    }
-
-    /// The verdicts and counts alone.
-    fn clone_counts(&self) -> Summary {
-        Summary {
-            links: Vec::new(),
-            ranks: Vec::new(),
             verdicts: self.verdicts.clone(),
             raised_total: self.raised_total,
             evaluations: self.evaluations,

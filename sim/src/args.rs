@@ -51,10 +51,12 @@ pub struct Args {
     /// 1024 ranks where a host's ranks share no cores, NICs or uplinks, every rank otherwise.
     #[arg(long)]
     pub locals: Option<usize>,
-    /// Steps of all simulated ranks' plans at most per run (about 160 bytes each in memory);
-    /// a row over it is said and left out, and the run fails after the rest.
-    #[arg(long, default_value_t = crate::engine::MAX_STEPS)]
-    pub max_steps: usize,
+    /// Steps of all simulated ranks' plans at most per run (up to 100 bytes each in memory);
+    /// a row over it is said and left out, and the run fails after the rest. Default: as many
+    /// as fit in three quarters of the memory available (`MemAvailable`), or 40 M where that
+    /// cannot be read.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
     /// Write one JSON object per row and placement to this file (bcl-bench's schema,
     /// `"simulated": true`).
     #[arg(long)]

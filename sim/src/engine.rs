@@ -27,19 +27,23 @@
 //! against the turned plan of their first rank (peers, tags inside the host, sizes and
 //! dependencies); a message between hosts that would need turning is refused.
 
+use crate::deliveries::Deliveries;
 use crate::fast_hash::FastMap;
 use crate::flows::Route;
-use crate::network::Network;
+use crate::network::{Network, Path};
 use crate::steps::{Op, Steps};
 use crate::topology::Topology;
 use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, Step, build_plan};
-use std::cmp::Reverse;
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, VecDeque};
 
-/// Steps of all simulated ranks' plans at most: about 160 bytes each as the engine holds
-/// them with what is in flight (a 10k-rank 512 MiB allreduce, 5.1 M steps: 0.8 GB), so a
-/// run stays within about 6.4 GB instead of running out of memory.
+/// Bytes of memory a step takes at most as the engine holds it with what is in flight (the
+/// 100k-rank 512 MiB allreduce: 4.2 GB at its peak for 51 M steps), rounded up.
+pub const STEP_BYTES: usize = 100;
+
+/// Steps of all simulated ranks' plans at most where the caller gives no limit: about 4 GB,
+/// so a run is refused instead of running out of memory. (`bcl-sim` sizes its own limit to
+/// the memory the machine has available.)
 pub const MAX_STEPS: usize = 40_000_000;
 
 /// One simulated call.
@@ -80,8 +84,9 @@ struct RankRun {
     waiting: Vec<u32>,
     left: usize,
     end: f64,
-    /// Per step, where recorded: when it started, its message arrived (receives), it ended.
-    times: Vec<[f64; 3]>,
+    /// Per step, where recorded: when it could go on (it started; a receive: its message was
+    /// there as well), and when it ended.
+    times: Vec<[f64; 2]>,
 }
 
 /// The layout BCL would give `rank`: hosts in ring order, a weight per rank from its
@@ -258,6 +263,9 @@ fn engine<'a>(
     record: bool,
 ) -> Result<Engine<'a>, String> {
     let n = topo.world();
+    if u32::try_from(n).is_err() {
+        return Err(format!("{n} ranks: the simulator numbers ranks in 32 bits"));
+    }
     let group = g.hosts;
     if group == 0 || group > topo.hosts || !topo.hosts.is_multiple_of(group) {
         return Err(format!(
@@ -306,11 +314,9 @@ fn engine<'a>(
         now: 0.0,
         runs: Vec::with_capacity(span),
         ready: Vec::new(),
-        mailbox: FastMap::default(),
-        pending: FastMap::default(),
+        matches: FastMap::default(),
         jobs: Vec::new(),
-        timers: BinaryHeap::new(),
-        seq: 0,
+        deliveries: Deliveries::default(),
         others: FastMap::default(),
         steps: 0,
         channels: FastMap::default(),
@@ -337,7 +343,7 @@ fn engine<'a>(
                  {:.1} GB); simulate fewer ranks (a symmetric algorithm such as ring or \
                  hier-ring runs one group of hosts) or larger slices",
                 g.locals,
-                max_steps as f64 * 160e-9
+                max_steps.saturating_mul(STEP_BYTES) as f64 * 1e-9
             ));
         }
         if total > max_steps {
@@ -347,7 +353,7 @@ fn engine<'a>(
                  symmetric algorithm such as ring or hier-ring runs one group of hosts) or \
                  larger slices",
                 r + 1,
-                max_steps as f64 * 160e-9
+                max_steps.saturating_mul(STEP_BYTES) as f64 * 1e-9
             ));
         }
         let waiting: Vec<u32> = (0..plan.len()).map(|i| plan.deps(i).len() as u32).collect();
@@ -357,7 +363,7 @@ fn engine<'a>(
             }
         }
         let times = if record {
-            vec![[f64::NAN; 3]; plan.len()]
+            vec![[f64::NAN; 2]; plan.len()]
         } else {
             Vec::new()
         };
@@ -424,38 +430,42 @@ fn same_action(
     }
 }
 
-/// The receives waiting for one message, in the order they became ready: nearly always one,
-/// held without an allocation (a 10k-rank run has more than a million waiting at once).
-enum Waiting {
-    One(usize, usize),
-    // Boxed so that the common entry stays 24 bytes, not 40.
+/// A message's match, keyed by (from, to, tag): what is outstanding for it, messages
+/// delivered and not yet received or receives ready and waiting for their message (never both
+/// at once). Receives are held in the order they became ready: nearly always one, without an
+/// allocation (a 100k-rank run has millions waiting at once, so an entry is 16 bytes and one
+/// lookup serves each receive and each arrival).
+enum Match {
+    Arrived(u32),
+    One(u32, u32),
+    // Boxed so that the common entry stays small.
     #[allow(clippy::box_collection)]
-    Many(Box<VecDeque<(usize, usize)>>),
+    Many(Box<VecDeque<(u32, u32)>>),
 }
 
-impl Waiting {
-    fn push(&mut self, next: (usize, usize)) {
+impl Match {
+    fn holds(&self, x: (u32, u32)) -> bool {
         match self {
-            Waiting::One(sim, step) => {
-                *self = Waiting::Many(Box::new(VecDeque::from([(*sim, *step), next])));
-            }
-            Waiting::Many(q) => q.push_back(next),
-        }
-    }
-
-    fn holds(&self, x: (usize, usize)) -> bool {
-        match self {
-            Waiting::One(sim, step) => (*sim, *step) == x,
-            Waiting::Many(q) => q.contains(&x),
+            Match::Arrived(_) => false,
+            Match::One(sim, step) => (*sim, *step) == x,
+            Match::Many(q) => q.contains(&x),
         }
     }
 }
 
-/// A send waiting its turn on its channel: (rank, step, bytes, path, α).
-type Queued = (usize, usize, f64, Route, f64);
+const _: () = assert!(std::mem::size_of::<Match>() == 16);
 
-/// A delivery waiting for its time: (time as ordered bits, sequence, from, to, tag).
-type Timer = Reverse<(u64, u64, usize, usize, u32)>;
+/// A message's key: (from, to, tag), ranks as u32 to keep entries small.
+type Key = (u32, u32, u32);
+
+/// Sends from one rank to one peer: their path (the same for all), how many are in flight,
+/// and those waiting their turn as (simulated rank, step). A 100k-rank run queues tens of
+/// millions of slices at once, so a queued send holds no more than its step.
+struct Channel {
+    path: Path,
+    busy: usize,
+    queue: VecDeque<(u32, u32)>,
+}
 
 struct Engine<'a> {
     topo: &'a Topology,
@@ -468,18 +478,17 @@ struct Engine<'a> {
     now: f64,
     runs: Vec<RankRun>,
     ready: Vec<(usize, usize)>,
-    /// Messages delivered and not yet received, per (from, to, tag).
-    mailbox: FastMap<(usize, usize, u32), u32>,
-    /// Receives waiting for their message, per (from, to, tag), in the order they became ready.
-    pending: FastMap<(usize, usize, u32), Waiting>,
+    /// Per message key, what is outstanding: entries go once empty, so the map holds what is
+    /// outstanding, not every tag.
+    matches: FastMap<Key, Match>,
     jobs: Vec<Option<Job>>,
-    timers: BinaryHeap<Timer>,
-    seq: u64,
+    /// Messages sent and not yet delivered, by the key of their match.
+    deliveries: Deliveries<Key>,
     /// Plans of ranks outside the group that send into it (symmetric runs).
     others: FastMap<usize, Steps>,
     steps: u64,
     /// Per (sender, receiver): sends in flight, and those waiting their turn.
-    channels: FastMap<(usize, usize), (usize, VecDeque<Queued>)>,
+    channels: FastMap<(usize, usize), Channel>,
     /// Every rank's layout, turned to the rank whose plan is built.
     layout: Layout,
 }
@@ -526,15 +535,10 @@ impl Engine<'_> {
                 if x.len() == y.len() && x.iter().zip(y).all(|(&a, &b)| a as usize == b) {
                     continue;
                 }
-                let [started, arrived, _] = run.times[i];
-                let by = if arrived.is_nan() {
-                    started
-                } else {
-                    started.max(arrived)
-                };
+                let by = run.times[i][0];
                 let kept = x.iter().all(|&d| y.contains(&(d as usize)));
                 let idle = (y.iter().filter(|&&d| !x.contains(&(d as u32))))
-                    .all(|&d| run.times[d][2] < by);
+                    .all(|&d| run.times[d][1] < by);
                 if !(kept && idle) {
                     return Ok(false);
                 }
@@ -598,10 +602,7 @@ impl Engine<'_> {
                 self.start(sim, step)?;
             }
             let flow_end = self.net.flows.next_end();
-            let timer = self
-                .timers
-                .peek()
-                .map(|Reverse((t, ..))| f64::from_bits(*t) - self.now);
+            let timer = self.deliveries.next_time().map(|t| t - self.now);
             let dt = match (flow_end, timer) {
                 (None, None) => break,
                 (Some(a), Some(b)) => a.min(b),
@@ -621,12 +622,8 @@ impl Engine<'_> {
                     None => return Err(format!("flow {id} ended with no step behind it")),
                 }
             }
-            while let Some(Reverse((t, _, from, to, tag))) = self.timers.peek().copied() {
-                if f64::from_bits(t) > self.now {
-                    break;
-                }
-                self.timers.pop();
-                self.arrive(from, to, tag);
+            while let Some(key) = self.deliveries.pop_due(self.now) {
+                self.arrive(key);
             }
         }
         for (r, run) in self.runs.iter().enumerate() {
@@ -646,7 +643,8 @@ impl Engine<'_> {
     }
 
     fn is_pending(&self, sim: usize, step: usize) -> bool {
-        self.pending.values().any(|w| w.holds((sim, step)))
+        let x = (sim as u32, step as u32);
+        self.matches.values().any(|m| m.holds(x))
     }
 
     fn flow(&mut self, bytes: f64, path: Route, job: Job) {
@@ -666,43 +664,49 @@ impl Engine<'_> {
         let rank = self.rank_of(sim);
         match op {
             Op::Send { peer, len, .. } => {
-                let path = self.net.path(rank, peer);
+                let peer = peer as usize;
+                let net = &self.net;
+                let ch = self
+                    .channels
+                    .entry((rank, peer))
+                    .or_insert_with(|| Channel {
+                        path: net.path(rank, peer),
+                        busy: 0,
+                        queue: VecDeque::new(),
+                    });
+                let (path, alpha) = (ch.path.resources, ch.path.alpha);
                 let bytes = len as f64 * esize;
                 if bytes > 0.0 {
-                    let limit = self.topo.channels;
-                    let ch = self.channels.entry((rank, peer)).or_default();
-                    if ch.0 < limit {
-                        ch.0 += 1;
-                        let job = Job::Send {
-                            sim,
-                            step,
-                            alpha: path.alpha,
-                        };
-                        self.flow(bytes, path.resources, job);
+                    if ch.busy < self.topo.channels {
+                        ch.busy += 1;
+                        self.flow(bytes, path, Job::Send { sim, step, alpha });
                     } else {
-                        ch.1.push_back((sim, step, bytes, path.resources, path.alpha));
+                        ch.queue.push_back((sim as u32, step as u32));
                     }
                 } else {
                     self.done(sim, step);
-                    self.sent(sim, step, path.alpha)?;
+                    self.sent(sim, step, alpha)?;
                 }
             }
             Op::Recv { peer, tag, .. } => {
-                // Entries go once empty: the maps hold what is outstanding, not every tag.
-                let key = (peer, rank, tag);
-                match self.mailbox.get_mut(&key) {
-                    Some(c) if *c > 0 => {
-                        *c -= 1;
-                        if *c == 0 {
-                            self.mailbox.remove(&key);
-                        }
-                        self.receive(sim, step);
+                let me = (sim as u32, step as u32);
+                match self.matches.entry((peer, rank as u32, tag)) {
+                    Entry::Vacant(v) => {
+                        v.insert(Match::One(me.0, me.1));
                     }
-                    _ => match self.pending.entry(key) {
-                        Entry::Vacant(v) => {
-                            v.insert(Waiting::One(sim, step));
+                    Entry::Occupied(mut o) => match o.get_mut() {
+                        Match::Arrived(c) => {
+                            *c -= 1;
+                            if *c == 0 {
+                                o.remove();
+                            }
+                            self.receive(sim, step);
                         }
-                        Entry::Occupied(mut o) => o.get_mut().push((sim, step)),
+                        Match::One(s0, t0) => {
+                            let q = VecDeque::from([(*s0, *t0), me]);
+                            *o.get_mut() = Match::Many(Box::new(q));
+                        }
+                        Match::Many(q) => q.push_back(me),
                     },
                 }
             }
@@ -724,22 +728,20 @@ impl Engine<'_> {
             return;
         };
         let rank = self.rank_of(sim);
-        let Some(ch) = self.channels.get_mut(&(rank, peer)) else {
+        let Some(ch) = self.channels.get_mut(&(rank, peer as usize)) else {
             return;
         };
-        match ch.1.pop_front() {
-            Some((s, st, bytes, path, alpha)) => {
-                self.flow(
-                    bytes,
-                    path,
-                    Job::Send {
-                        sim: s,
-                        step: st,
-                        alpha,
-                    },
-                );
+        match ch.queue.pop_front() {
+            Some((s, st)) => {
+                let (sim, step) = (s as usize, st as usize);
+                let (path, alpha) = (ch.path.resources, ch.path.alpha);
+                let Op::Send { len, .. } = self.runs[sim].plan.ops[step] else {
+                    return;
+                };
+                let bytes = len as f64 * self.case.elem_bytes as f64;
+                self.flow(bytes, path, Job::Send { sim, step, alpha });
             }
-            None => ch.0 -= 1,
+            None => ch.busy -= 1,
         }
     }
 
@@ -753,8 +755,9 @@ impl Engine<'_> {
 
     /// A receive whose message is here.
     fn receive(&mut self, sim: usize, step: usize) {
+        // Never before the step started: a message already there is received at the start.
         if let Some(t) = self.runs[sim].times.get_mut(step) {
-            t[1] = self.now;
+            t[0] = self.now;
         }
         let Op::Recv { len, work, .. } = self.runs[sim].plan.ops[step] else {
             return;
@@ -772,7 +775,7 @@ impl Engine<'_> {
         self.steps += 1;
         let run = &mut self.runs[sim];
         if let Some(t) = run.times.get_mut(step) {
-            t[2] = self.now;
+            t[1] = self.now;
         }
         run.left -= 1;
         run.end = run.end.max(self.now);
@@ -791,6 +794,7 @@ impl Engine<'_> {
         let Op::Send { peer, tag, len } = self.runs[sim].plan.ops[step] else {
             return Err(format!("rank {sim} step {step} is not a send"));
         };
+        let (peer, len) = (peer as usize, len as usize);
         let rank = self.rank_of(sim);
         let l = self.topo.per_host;
         let by = peer % l - peer % l % self.locals;
@@ -824,10 +828,8 @@ impl Engine<'_> {
                 Err(rotation) => return Err(rotation),
             }
         };
-        let at = self.now + alpha;
-        self.seq += 1;
-        self.timers
-            .push(Reverse((at.to_bits(), self.seq, from_rank, to, tag)));
+        let key = (from_rank as u32, to as u32, tag);
+        self.deliveries.push(self.now, alpha, key);
         Ok(())
     }
 
@@ -847,7 +849,11 @@ impl Engine<'_> {
         let plan = &self.others[&image];
         match plan.ops.get(step) {
             // Parts of a count that does not divide evenly differ by one element.
-            Some(Op::Send { peer, tag, len: l }) if *peer == to && l.abs_diff(len) <= 1 => Ok(*tag),
+            Some(Op::Send { peer, tag, len: l })
+                if *peer as usize == to && (*l as usize).abs_diff(len) <= 1 =>
+            {
+                Ok(*tag)
+            }
             other => Err(format!(
                 "the plans are not symmetric by groups of {} ranks: rank {image} step {step} is {other:?}, \
                  where its stand-in in the group sends {len} elements to rank {to} (run it exactly: --group 0)",
@@ -856,17 +862,23 @@ impl Engine<'_> {
         }
     }
 
-    fn arrive(&mut self, from: usize, to: usize, tag: u32) {
-        let key = (from, to, tag);
-        let first = match self.pending.entry(key) {
-            Entry::Vacant(_) => None,
+    fn arrive(&mut self, key: Key) {
+        let first = match self.matches.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(Match::Arrived(1));
+                None
+            }
             Entry::Occupied(mut o) => match o.get_mut() {
-                Waiting::One(sim, step) => {
+                Match::Arrived(c) => {
+                    *c += 1;
+                    None
+                }
+                Match::One(sim, step) => {
                     let first = (*sim, *step);
                     o.remove();
                     Some(first)
                 }
-                Waiting::Many(q) => {
+                Match::Many(q) => {
                     let first = q.pop_front();
                     if q.is_empty() {
                         o.remove();
@@ -875,9 +887,8 @@ impl Engine<'_> {
                 }
             },
         };
-        match first {
-            Some((sim, step)) => self.receive(sim, step),
-            None => *self.mailbox.entry(key).or_insert(0) += 1,
+        if let Some((sim, step)) = first {
+            self.receive(sim as usize, step as usize);
         }
     }
 }

@@ -20,6 +20,7 @@
 pub mod args;
 pub mod control;
 pub mod control_report;
+pub mod deliveries;
 pub mod engine;
 pub mod ettr;
 pub mod ettr_report;

@@ -33,7 +33,10 @@ fn main() -> ExitCode {
             }
         };
     }
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.max_steps.is_none() {
+        args.max_steps = fitting_steps();
+    }
     let run = || -> Result<(), String> {
         let topo = bcl_sim::sweep::topology(&args)?;
         let sweep = bcl_sim::sweep::run(&args, &topo, |line| println!("{line}"))?;
@@ -63,4 +66,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The steps that fit in three quarters of the memory this machine has available
+/// (`MemAvailable` in `/proc/meminfo`), at [`bcl_sim::engine::STEP_BYTES`] each; `None` where
+/// that cannot be read (the library's limit then holds).
+fn fitting_steps() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024) / 4 * 3 / bcl_sim::engine::STEP_BYTES)
 }

@@ -6,39 +6,48 @@
 use bcl_core::schedule::{Action, Plan};
 
 /// What the engine needs of a step: its kind, peer and tag for messages, its size in
-/// elements.
+/// elements. 16 bytes: a 100k-rank run holds about a hundred million.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Send {
-        peer: usize,
+        peer: u32,
         tag: u32,
-        len: usize,
+        len: u32,
     },
     /// `work`: the message is reduced into (or seeded from) the buffer, costing device time.
     Recv {
-        peer: usize,
+        peer: u32,
         tag: u32,
-        len: usize,
+        len: u32,
         work: bool,
     },
     Copy {
-        len: usize,
+        len: u32,
     },
     Divide {
-        len: usize,
+        len: u32,
     },
 }
 
+const _: () = assert!(std::mem::size_of::<Op>() == 16);
+
+/// `x` as a field of an [`Op`], or an error naming what is too large.
+fn small(x: usize, what: &str) -> Result<u32, String> {
+    u32::try_from(x).map_err(|_| format!("a {what} of {x} is more than the simulator holds (2^32)"))
+}
+
 impl Op {
-    /// The op of `action`; an action the simulator does not know is an error naming it.
+    /// The op of `action`; an action the simulator does not know, or one too large to hold,
+    /// is an error naming it.
     pub fn of(action: &Action) -> Result<Op, String> {
+        let len = |n: usize| small(n, "step's length in elements");
         Ok(match action {
             Action::Send {
                 peer, tag, from, ..
             } => Op::Send {
-                peer: *peer,
+                peer: small(*peer, "peer rank")?,
                 tag: *tag,
-                len: from.len,
+                len: len(from.len)?,
             },
             Action::Recv {
                 peer,
@@ -47,13 +56,17 @@ impl Op {
                 reduce,
                 seed,
             } => Op::Recv {
-                peer: *peer,
+                peer: small(*peer, "peer rank")?,
                 tag: *tag,
-                len: into.len,
+                len: len(into.len)?,
                 work: *reduce || seed.is_some(),
             },
-            Action::Copy { from, .. } => Op::Copy { len: from.len },
-            Action::Divide { region } => Op::Divide { len: region.len },
+            Action::Copy { from, .. } => Op::Copy {
+                len: len(from.len)?,
+            },
+            Action::Divide { region } => Op::Divide {
+                len: len(region.len)?,
+            },
             other => return Err(format!("an action the simulator does not know: {other:?}")),
         })
     }
@@ -161,7 +174,7 @@ mod tests {
                         len,
                     },
                 ) => {
-                    assert_eq!((*peer, *tag, from.len), (p, t, len));
+                    assert_eq!((*peer, *tag, from.len), (p as usize, t, len as usize));
                 }
                 (
                     Action::Recv {
@@ -174,11 +187,13 @@ mod tests {
                         work,
                     },
                 ) => {
-                    assert_eq!((*peer, *tag, into.len), (p, t, len));
+                    assert_eq!((*peer, *tag, into.len), (p as usize, t, len as usize));
                     works += usize::from(work);
                 }
-                (Action::Copy { from, .. }, Op::Copy { len }) => assert_eq!(from.len, len),
-                (Action::Divide { region }, Op::Divide { len }) => assert_eq!(region.len, len),
+                (Action::Copy { from, .. }, Op::Copy { len }) => assert_eq!(from.len, len as usize),
+                (Action::Divide { region }, Op::Divide { len }) => {
+                    assert_eq!(region.len, len as usize)
+                }
                 (a, op) => panic!("step {i}: {a:?} held as {op:?}"),
             }
         }

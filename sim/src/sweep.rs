@@ -166,7 +166,8 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
             let Some(&g) = tried.next() else {
                 return Err("no group of ranks to simulate".into());
             };
-            match engine::simulate_both_within(topo, &case(false), &case(true), g, args.max_steps) {
+            let max = args.max_steps.unwrap_or(engine::MAX_STEPS);
+            match engine::simulate_both_within(topo, &case(false), &case(true), g, max) {
                 Err(e) if e.contains("not symmetric") => {
                     let Some(&&next) = tried.peek() else {
                         return Err(e);

@@ -54,7 +54,8 @@ impl Route {
     pub fn push(&mut self, resource: ResourceId, coef: f64) {
         let k = self.len as usize;
         assert!(k < MAX_PATH, "a path of more than {MAX_PATH} resources");
-        self.ids[k] = u32::try_from(resource).expect("fewer than 2^32 resources");
+        assert!(resource <= u32::MAX as usize, "more than 2^32 resources");
+        self.ids[k] = resource as u32;
         self.coefs[k] = coef;
         self.len += 1;
     }
@@ -73,15 +74,10 @@ impl Route {
         self.len as usize
     }
 
-    /// The route as a map key: its resources and the bits of their coefficients.
+    /// The route as a map key: its resources and the bits of their coefficients (the places
+    /// past `len` are zero in every route, as `new` left them).
     fn key(&self) -> RouteKey {
-        let mut coefs = [0; MAX_PATH];
-        for (k, c) in coefs.iter_mut().zip(&self.coefs[..self.len as usize]) {
-            *k = c.to_bits();
-        }
-        let mut ids = [0; MAX_PATH];
-        ids[..self.len as usize].copy_from_slice(&self.ids[..self.len as usize]);
-        (self.len, ids, coefs)
+        (self.len, self.ids, self.coefs.map(f64::to_bits))
     }
 
     pub fn is_empty(&self) -> bool {

@@ -91,13 +91,7 @@ mod tests {
     /// equal times included, time moving on by random steps (zero among them).
     #[test]
     fn arrivals_come_out_as_a_heap_of_time_then_send_order_gives_them() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = crate::xorshift::below(0x9e37_79b9_7f4a_7c15);
         let alphas = [3e-6, 8e-6, 3e-6 + 5e-6, 0.0];
         let mut d = Deliveries::default();
         let mut heap = BinaryHeap::new();

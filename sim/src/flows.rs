@@ -807,13 +807,7 @@ mod tests {
     /// a few dozen resources, so components run past the sizes computed near a change.
     #[test]
     fn rates_after_each_change_are_max_min_whichever_way_they_were_reached() {
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = crate::xorshift::below(0x2545_f491_4f6c_dd1d);
         let mut f = Flows::new();
         let caps: Vec<f64> = (0..48).map(|k| [10.0, 10.0, 25.0, 7.5][k % 4]).collect();
         let res: Vec<ResourceId> = caps.iter().map(|&c| f.resource(c)).collect();

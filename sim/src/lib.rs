@@ -30,3 +30,5 @@ pub mod network;
 pub mod steps;
 pub mod sweep;
 pub mod topology;
+#[cfg(test)]
+mod xorshift;

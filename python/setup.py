@@ -1,7 +1,12 @@
 """`pip install ./python`: builds the backend's C++ part (bcl._C, a c10d::Backend over the C
 ABI) against the installed torch, and puts the workspace's libbcl.so beside it (building it
 with cargo first), so the installed `bcl` needs no BCL_LIBRARY. Needs torch at build time:
-install with `pip install --no-build-isolation ./python`."""
+install with `pip install --no-build-isolation ./python`.
+
+Settings (environment): BCL_CARGO_FEATURES, cargo features of the libbcl it builds (`cuda`
+for GPU tensors); BCL_PREBUILT_LIBRARY, the path of a libbcl.so to take instead of building
+one (a machine without cargo, such as the GPU machine of scripts/device-check.sh)."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,12 +17,15 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = Path(__file__).resolve().parent
 WORKSPACE = HERE.parent
-LIBRARY = WORKSPACE / "target" / "release" / "libbcl.so"
+PREBUILT = os.environ.get("BCL_PREBUILT_LIBRARY")
+LIBRARY = Path(PREBUILT).resolve() if PREBUILT else WORKSPACE / "target" / "release" / "libbcl.so"
 
 
 def build_library():
-    if (WORKSPACE / "Cargo.toml").is_file():
-        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "bcl-ffi"],
+    features = os.environ.get("BCL_CARGO_FEATURES", "")
+    if not PREBUILT and (WORKSPACE / "Cargo.toml").is_file():
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "bcl-ffi"]
+                       + (["--features", features] if features else []),
                        cwd=WORKSPACE, check=True)
     if not LIBRARY.is_file():
         raise SystemExit(f"{LIBRARY} is missing: build it with `cargo build --release -p bcl-ffi`")

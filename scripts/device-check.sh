@@ -13,6 +13,8 @@
 #      1 CUDA + 1 cpu; and three vendors in one ring: 1 CUDA + 2 device-plugin + 1 cpu;
 #   7. repair with GPU ranks: bcl-bench --recover on 2 CUDA + 2 cpu ranks, a cpu rank killed
 #      and then a CUDA rank killed; the survivors (CUDA among them) shrink and finish the sweep.
+#   8. the torch backend "bcl" on CUDA tensors (python/tests/check_cuda.py, 2 ranks on the GPU):
+#      every operation against Gloo, torch's current-stream semantics, DDP against Gloo's.
 # Usage: scripts/device-check.sh [DIR]
 #   Where cargo exists and no DIR is given, it first builds with `--features cuda`
 #   (scripts/device-prebuild.sh); otherwise it runs the binaries prebuilt into DIR
@@ -81,5 +83,18 @@ for victim in 3 0; do
   step timeout 100 "$bins/bcl-bench" allreduce --nranks 4 --devices cuda:0,cuda:0,cpu,cpu \
     -b 8 -e 64M -f 8 -n 5 -w 2 --recover "$victim" --json "$out/recover-$victim.json"
 done
+# The torch backend on CUDA tensors: built here against this machine's torch (pip, no network:
+# --no-build-isolation, --no-deps), linked with the cuda-featured libbcl from $bins, then
+# python/tests/check_cuda.py on 2 ranks sharing the GPU.
+torch_cuda() {
+  local site=/tmp/bcl-torch-site root=$PWD
+  python3 -c 'import torch; assert torch.cuda.is_available(), "torch sees no GPU"' || return 1
+  rm -rf "$site"
+  BCL_PREBUILT_LIBRARY=$(realpath "$bins/libbcl.so") python3 -m pip install --quiet --no-deps \
+    --no-build-isolation --target "$site" ./python || return 1
+  (cd /tmp && PYTHONPATH=$site timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 \
+    "$root/python/tests/check_cuda.py")
+}
+step torch_cuda
 echo; [ $status -eq 0 ] && echo "device-check: all passed" || echo "device-check: FAILURES above"
 exit $status

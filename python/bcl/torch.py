@@ -1,4 +1,5 @@
-"""`import bcl.torch` registers BCL as the torch.distributed backend "bcl" for cpu tensors.
+"""`import bcl.torch` registers BCL as the torch.distributed backend "bcl" for cpu tensors,
+and for cuda tensors where torch sees a GPU.
 
 Under torchrun, `dist.init_process_group("bcl")` needs nothing else: rank 0 makes a BCL
 unique id and hands it to the others through the Store torch gives the backend.
@@ -9,7 +10,11 @@ once, so DDP's gradient buckets are reduced while the backward pass goes on; a c
 thread finishes them in order (copies into non-contiguous outputs, futures for DDP's
 communication hooks). Calls of up to BCL_TORCH_SYNC_BYTES (64 KiB) run on the caller's thread.
 Subgroups (`new_group`) of a "bcl" world are made by their members from the world's
-communicator (bclCommCreateGroup). Failures raise torch.distributed.DistBackendError with BCL's verdict (rank, host, cause).
+communicator (bclCommCreateGroup). CUDA tensors follow NCCL's semantics: a collective is
+queued on torch's current stream and its Work's wait() makes the current stream wait for it;
+calls BCL has for host memory only (per-rank counts, send and receive) go through host
+copies. Failures raise torch.distributed.DistBackendError with BCL's verdict (rank, host,
+cause).
 """
 import zlib
 
@@ -44,4 +49,8 @@ def _create(opts, _backend_options):
     return ProcessGroupBCL(opts.store, opts.group_rank, opts.group_size, opts.timeout)
 
 
-dist.Backend.register_backend("bcl", _create, extended_api=True, devices=["cpu"])
+# GPU tensors where torch sees a GPU: collectives go on torch's current stream through the
+# group's communicator on that GPU, made at its first GPU collective (a libbcl built with the
+# cuda feature; without it, that collective raises saying so).
+_DEVICES = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+dist.Backend.register_backend("bcl", _create, extended_api=True, devices=_DEVICES)

@@ -17,7 +17,7 @@ DeferredRecv::DeferredRecv(std::string what, std::function<bclResult_t()> call,
       call_(std::move(call)),
       after_(std::move(after)),
       result_(std::move(result)),
-      future_(new_future()) {}
+      future_(new_future(result_)) {}
 
 void DeferredRecv::run() {
   if (done()) return;
@@ -105,22 +105,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& te
   const std::string what = "send to rank " + std::to_string(dst);
   if (coalescing_) {
     for (const auto& t : tensors) {
-      host_only(t);
-      at::Tensor c = t.contiguous();
+      Step placed;
+      placed.on(t);
+      at::Tensor c = host_input(t);
       coalesced_keep_.push_back(c);  // sent at the group's end
       check(bclSend(ptr(c), count(c), dtype_of(t), dst, comm_, nullptr), what);
     }
     return done(c10d::OpType::SEND, tensors);
   }
   Step step;
-  bclComm_t comm = comm_;
   for (const auto& t : tensors) {
-    host_only(t);
+    step.on(t);
+    // BCL sends host memory only: a GPU tensor goes through a host copy, made now.
+    step.via_host = step.on_gpu();
     bclDataType_t dt = dtype_of(t);
-    at::Tensor c = t.contiguous();
+    at::Tensor c = host_input(t);
     step.keep.push_back(c);
     step.bytes += bytes_of(c);
-    step.launches.push_back([c, dt, dst, comm](bclStream_t s) {
+    step.launches.push_back([c, dt, dst](bclComm_t comm, bclStream_t s) {
       return bclSend(ptr(c), count(c), dt, dst, comm, s);
     });
   }
@@ -129,15 +131,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::send(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& tensors, int src,
                                                      int) {
+  Step placed;
   for (const auto& t : tensors) {
-    host_only(t);
+    placed.on(t);
     dtype_of(t);
   }
   const std::string what = "recv from rank " + std::to_string(src);
   if (coalescing_) {
     for (const auto& t : tensors) {
       Step step;
-      at::Tensor c = flat_into(t, step);
+      at::Tensor c = host_output(t, step);
       check(bclRecv(ptr(c), count(c), dtype_of(t), src, comm_, nullptr), what);
       coalesced_keep_.push_back(c);
       if (auto back = step.afterwards()) coalesced_after_.push_back(std::move(back));
@@ -146,9 +149,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::recv(std::vector<at::Tensor>& te
   }
   Step step;
   std::vector<at::Tensor> bufs;
-  for (const auto& t : tensors) bufs.push_back(flat_into(t, step));
-  bclComm_t comm = comm_;
+  // Into host memory (BCL receives there only); a GPU tensor gets it once the receive is
+  // waited on, in the waiting thread's stream order.
+  for (const auto& t : tensors) bufs.push_back(host_output(t, step));
   std::vector<at::Tensor> ts = tensors;
+  bclComm_t comm = comm_;
   // A blocking call: BCL runs it after the collectives queued on the communicator before it.
   auto call = [comm, bufs, ts, src]() {
     for (size_t i = 0; i < bufs.size(); ++i) {

@@ -5,6 +5,7 @@
 #include "process_group.hpp"
 #include "tensors.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <cerrno>
@@ -99,9 +100,8 @@ ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<c10d::Store>& store, i
     std::copy(data.begin(), data.end(), reinterpret_cast<uint8_t*>(uid.internal));
   }
   bclConfig_t config = BCL_CONFIG_INITIALIZER;
-  if (timeout.count() > 0) {
-    config.timeoutSeconds = config.initTimeoutSeconds = timeout.count() / 1000.0;
-  }
+  if (timeout.count() > 0) timeout_s_ = timeout.count() / 1000.0;
+  config.timeoutSeconds = config.initTimeoutSeconds = timeout_s_;
   check(bclCommInitRankConfig(&comm_, size, uid, rank, &config), "init");
   start();
 }
@@ -110,6 +110,7 @@ ProcessGroupBCL::ProcessGroupBCL(const c10::intrusive_ptr<ProcessGroupBCL>& pare
                                  const std::vector<int64_t>& members, int rank, int tag)
     : c10d::Backend(rank, static_cast<int>(members.size())),
       origin_("group"),
+      timeout_s_(parent->timeout_s_),
       sync_bytes_(parent->sync_bytes_) {
   TORCH_CHECK_VALUE(parent->comm_ != nullptr, "bcl: new_group from a group already shut down");
   std::vector<int> ranks(members.begin(), members.end());
@@ -144,10 +145,19 @@ void ProcessGroupBCL::shutdown() {
   bclCommDestroy(comm_);
   stream_ = nullptr;
   comm_ = nullptr;
+  std::lock_guard<std::mutex> guard(gpu_mu_);
+  if (gpu_comm_ != nullptr) {
+    // Its operations are on the GPU's streams: let them pass before the communicator goes.
+    bclCommFinalize(gpu_comm_);
+    bclCommDestroy(gpu_comm_);
+    gpu_comm_ = nullptr;
+  }
 }
 
 void ProcessGroupBCL::abort() {
   if (comm_ != nullptr) bclCommAbort(comm_);
+  std::lock_guard<std::mutex> guard(gpu_mu_);
+  if (gpu_comm_ != nullptr) bclCommAbort(gpu_comm_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::done(c10d::OpType type,
@@ -161,8 +171,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::done(c10d::OpType type,
 // blocking call waits for what was queued on the communicator before it.
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::run(c10d::OpType type, const std::string& what,
                                                     Step&& step, std::vector<at::Tensor> result) {
-  if (step.bytes <= sync_bytes_) {
-    for (auto& l : step.launches) check(l(nullptr), what);
+  TORCH_CHECK_VALUE(comm_ != nullptr, "bcl: ", what, ": the group was shut down");
+  if (step.on_gpu() && !step.via_host) return run_on_gpu(type, what, std::move(step), result);
+  // A GPU operation through host copies runs here too: its copies back must be in the
+  // caller's stream order.
+  if (step.bytes <= sync_bytes_ || step.via_host) {
+    for (auto& l : step.launches) check(l(comm_, nullptr), what);
     if (auto after = step.afterwards()) after();
     return done(type, std::move(result));
   }
@@ -173,7 +187,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::run(c10d::OpType type, const std
     std::rethrow_exception(err);
   };
   for (auto& l : step.launches) {
-    if (bclResult_t r = l(stream_); r != bclSuccess) give_up(failure(r, what));
+    if (bclResult_t r = l(comm_, stream_); r != bclSuccess) give_up(failure(r, what));
   }
   bclEvent_t event = nullptr;
   if (bclResult_t r = bclEventCreate(&event); r != bclSuccess) {
@@ -190,13 +204,56 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::run(c10d::OpType type, const std
 }
 
 
+bclComm_t ProcessGroupBCL::gpu_comm(c10::Device device) {
+  std::lock_guard<std::mutex> guard(gpu_mu_);
+  if (gpu_comm_ != nullptr) {
+    TORCH_CHECK_VALUE(device == gpu_device_, "bcl: this group runs on ", gpu_device_,
+                      "; a tensor on ", device, " (one GPU per rank and group, as with NCCL)");
+    return gpu_comm_;
+  }
+  const std::string spec = "cuda:" + std::to_string(device.index());
+  bclUniqueId uid{};
+  if (rank_ == 0) check(bclGetUniqueId(&uid), "init of the communicator on " + spec);
+  check(bclBroadcast(uid.internal, uid.internal, sizeof(uid.internal), bclUint8, 0, comm_, nullptr),
+        "init of the communicator on " + spec + ": rank 0's unique id");
+  bclConfig_t config = BCL_CONFIG_INITIALIZER;
+  config.device = spec.c_str();
+  config.timeoutSeconds = config.initTimeoutSeconds = timeout_s_;
+  check(bclCommInitRankConfig(&gpu_comm_, size_, uid, rank_, &config),
+        "init of the communicator on " + spec);
+  gpu_device_ = device;
+  return gpu_comm_;
+}
+
+// Each launch takes the stream's handle (a cudaStream_t; null is the legacy default stream,
+// as in BCL's C ABI); copies into non-contiguous outputs follow on the same stream. The
+// tensors are marked as used by that stream, so the caching allocator does not hand their
+// memory out again before the stream has passed the call, whoever drops them first.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::run_on_gpu(c10d::OpType type,
+                                                           const std::string& what, Step&& step,
+                                                           std::vector<at::Tensor> result) {
+  bclComm_t comm = gpu_comm(step.device);
+  c10::impl::VirtualGuardImpl impl(step.device.type());
+  c10::Stream stream = impl.getStream(step.device);
+  void* handle = stream.native_handle();
+  for (auto& l : step.launches) check(l(comm, handle), what);
+  if (auto after = step.afterwards()) after();
+  for (auto& t : step.keep) {
+    if (t.is_cuda()) t.record_stream(stream);
+  }
+  c10::Event event(step.device.type());
+  event.record(stream);
+  return c10::make_intrusive<WorkGpu>(std::move(event), step.device, comm, what,
+                                      std::move(result), rank_, type);
+}
+
 // ------------------------------------------------------------------ reductions
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   Step step;
   for (const auto& t : tensors) {
-    host_only(t);
+    step.on(t);
     bclDataType_t dt = dtype_of(t);
     bclRedOp_t op = op_of(opts.reduceOp, t);
     at::Tensor buf;
@@ -209,8 +266,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allreduce(std::vector<at::Tensor
     }
     step.keep.push_back(buf);
     step.bytes += bytes_of(buf);
-    bclComm_t comm = comm_;
-    step.launches.push_back([buf, dt, op, comm](bclStream_t s) {
+    step.launches.push_back([buf, dt, op](bclComm_t comm, bclStream_t s) {
       return bclAllReduce(ptr(buf), ptr(buf), count(buf), dt, op, comm, s);
     });
   }
@@ -229,8 +285,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce(std::vector<at::Tensor>& 
                                                        const c10d::ReduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "bcl: reduce takes one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
-  host_only(t);
   Step step;
+  step.on(t);
   bclDataType_t dt = dtype_of(t);
   bclRedOp_t op = op_of(opts.reduceOp, t);
   int root = static_cast<int>(opts.rootRank);
@@ -246,20 +302,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce(std::vector<at::Tensor>& 
   }
   step.keep = {t, buf};
   step.bytes = bytes_of(buf);
-  bclComm_t comm = comm_;
-  step.launches.push_back([buf, dt, op, root, comm](bclStream_t s) {
+  step.launches.push_back([buf, dt, op, root](bclComm_t comm, bclStream_t s) {
     return bclReduce(ptr(buf), ptr(buf), count(buf), dt, op, root, comm, s);
   });
   return run(c10d::OpType::REDUCE, "reduce", std::move(step), tensors);
 }
 
 namespace {
-Step reduce_scatter_step(bclComm_t comm, int size, const at::Tensor& output,
+Step reduce_scatter_step(int size, const at::Tensor& output,
                          const at::Tensor& input, const c10d::ReduceOp& rop) {
-  host_only(output);
-  host_only(input);
-  same(input, output, size * output.numel(), "reduce_scatter_tensor");
   Step step;
+  step.on(output);
+  step.on(input);
+  same(input, output, size * output.numel(), "reduce_scatter_tensor");
   at::Tensor out = flat_into(output, step);
   at::Tensor scaled = premultiplied(rop, input);
   at::Tensor in = scaled.defined() ? scaled.contiguous() : input.contiguous();
@@ -267,7 +322,7 @@ Step reduce_scatter_step(bclComm_t comm, int size, const at::Tensor& output,
   bclRedOp_t op = op_of(rop, output);
   step.keep.insert(step.keep.end(), {output, out, in});
   step.bytes = bytes_of(in);
-  step.launches.push_back([in, out, dt, op, comm](bclStream_t s) {
+  step.launches.push_back([in, out, dt, op](bclComm_t comm, bclStream_t s) {
     return bclReduceScatter(ptr(in), ptr(out), count(out), dt, op, comm, s);
   });
   return step;
@@ -276,7 +331,7 @@ Step reduce_scatter_step(bclComm_t comm, int size, const at::Tensor& output,
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter_single(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  Step step = reduce_scatter_step(comm_, size_, output, input, opts.reduceOp);
+  Step step = reduce_scatter_step(size_, output, input, opts.reduceOp);
   return run(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(step), {output});
 }
 
@@ -287,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter_single_coalesced(
                     outputs.size(), " outputs for ", inputs.size(), " inputs");
   Step step;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    step.merge(reduce_scatter_step(comm_, size_, outputs[i], inputs[i], opts.reduceOp));
+    step.merge(reduce_scatter_step(size_, outputs[i], inputs[i], opts.reduceOp));
   }
   return run(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(step), outputs);
 }
@@ -304,29 +359,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::reduce_scatter(
   bool even = std::all_of(ins.begin(), ins.end(),
                           [&](const at::Tensor& i) { return i.numel() == output.numel(); });
   if (even) {
-    for (const auto& i : ins) host_only(i);
+    Step placed;
+    for (const auto& i : ins) placed.on(i);
     at::Tensor staged = packed(ins);
-    Step step = reduce_scatter_step(comm_, size_, output, staged, opts.reduceOp);
+    Step step = reduce_scatter_step(size_, output, staged, opts.reduceOp);
     return run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", std::move(step), outputs);
   }
-  // Uneven: input p goes to rank p, whatever its size (bclReduceScatterv).
-  host_only(output);
-  for (const auto& i : ins) host_only(i);
+  // Uneven: input p goes to rank p, whatever its size (bclReduceScatterv; through host
+  // memory on a GPU).
+  Step step;
+  step.on(output);
+  for (const auto& i : ins) step.on(i);
+  step.via_host = step.on_gpu();
   TORCH_CHECK_VALUE(ins[rank_].numel() == output.numel(), "bcl: reduce_scatter: input ", rank_,
                     " holds ", ins[rank_].numel(), " elements, this rank's output ",
                     output.numel());
   auto counts = std::make_shared<std::vector<size_t>>();
   for (const auto& i : ins) counts->push_back(count(i));
-  Step step;
   at::Tensor scaled = premultiplied(opts.reduceOp, packed(ins));
-  at::Tensor in = scaled.defined() ? scaled : packed(ins);
-  at::Tensor out = flat_into(output, step);
+  at::Tensor in = host_input(scaled.defined() ? scaled : packed(ins));
+  at::Tensor out = host_output(output, step);
   bclDataType_t dt = dtype_of(output);
   bclRedOp_t op = op_of(opts.reduceOp, output);
   step.keep.insert(step.keep.end(), {in, out, output});
   step.bytes = bytes_of(in);
-  bclComm_t comm = comm_;
-  step.launches.push_back([in, out, counts, dt, op, comm](bclStream_t s) {
+  step.launches.push_back([in, out, counts, dt, op](bclComm_t comm, bclStream_t s) {
     return bclReduceScatterv(ptr(in), ptr(out), counts->data(), dt, op, comm, s);
   });
   return run(c10d::OpType::REDUCE_SCATTER, "reduce_scatter (uneven)", std::move(step), outputs);
@@ -339,13 +396,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::broadcast(std::vector<at::Tensor
   Step step;
   int root = static_cast<int>(opts.rootRank);
   for (const auto& t : tensors) {
-    host_only(t);
+    step.on(t);
     at::Tensor buf = flat_into(t, step);
     bclDataType_t dt = dtype_of(t);
     step.keep.push_back(buf);
     step.bytes += bytes_of(buf);
-    bclComm_t comm = comm_;
-    step.launches.push_back([buf, dt, root, comm](bclStream_t s) {
+    step.launches.push_back([buf, dt, root](bclComm_t comm, bclStream_t s) {
       return bclBroadcast(ptr(buf), ptr(buf), count(buf), dt, root, comm, s);
     });
   }
@@ -353,31 +409,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::broadcast(std::vector<at::Tensor
 }
 
 namespace {
-Step all_gather_step(bclComm_t comm, int size, const at::Tensor& output,
+Step all_gather_step(int size, const at::Tensor& output,
                      const at::Tensor& input) {
-  host_only(output);
-  host_only(input);
-  same(output, input, size * input.numel(), "all_gather_into_tensor");
   Step step;
+  step.on(output);
+  step.on(input);
+  same(output, input, size * input.numel(), "all_gather_into_tensor");
   at::Tensor out = flat_into(output, step);
   at::Tensor in = input.contiguous();
   bclDataType_t dt = dtype_of(input);
   step.keep.insert(step.keep.end(), {output, out, in});
   step.bytes = bytes_of(out);
-  step.launches.push_back([in, out, dt, comm](bclStream_t s) {
+  step.launches.push_back([in, out, dt](bclComm_t comm, bclStream_t s) {
     return bclAllGather(ptr(in), ptr(out), count(in), dt, comm, s);
   });
   return step;
 }
 
 // all_gather into a list: output p holds rank p's input (bclAllGatherv when sizes differ).
-Step all_gather_list_step(bclComm_t comm, int size, int rank, const std::vector<at::Tensor>& outs,
+Step all_gather_list_step(int size, int rank, const std::vector<at::Tensor>& outs,
                           const at::Tensor& input) {
-  host_only(input);
+  Step step;
+  step.on(input);
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size, "bcl: all_gather: ", outs.size(),
                     " outputs for ", size, " ranks");
   for (const auto& o : outs) {
-    host_only(o);
+    step.on(o);
     TORCH_CHECK_VALUE(o.scalar_type() == input.scalar_type(), "bcl: all_gather: an output of ",
                       o.scalar_type(), " for an input of ", input.scalar_type());
   }
@@ -392,19 +449,21 @@ Step all_gather_list_step(bclComm_t comm, int size, int rank, const std::vector<
   }
   bool even = std::all_of(counts->begin(), counts->end(),
                           [&](size_t c) { return c == count(in); });
+  // Uneven on a GPU: through host memory (BCL's bclAllGatherv takes host memory only).
+  step.via_host = !even && step.on_gpu();
+  if (step.via_host) in = host_input(in);
   at::Tensor staged = at::empty({total}, in.options());
   bclDataType_t dt = dtype_of(input);
-  Step step;
   step.keep.insert(step.keep.end(), {in, staged});
   step.keep.insert(step.keep.end(), outs.begin(), outs.end());
   step.after.push_back(unpack(staged, outs));
   step.bytes = bytes_of(staged);
   if (even) {
-    step.launches.push_back([in, staged, dt, comm](bclStream_t s) {
+    step.launches.push_back([in, staged, dt](bclComm_t comm, bclStream_t s) {
       return bclAllGather(ptr(in), ptr(staged), count(in), dt, comm, s);
     });
   } else {
-    step.launches.push_back([in, staged, counts, dt, comm](bclStream_t s) {
+    step.launches.push_back([in, staged, counts, dt](bclComm_t comm, bclStream_t s) {
       return bclAllGatherv(ptr(in), ptr(staged), counts->data(), dt, comm, s);
     });
   }
@@ -414,7 +473,7 @@ Step all_gather_list_step(bclComm_t comm, int size, int rank, const std::vector<
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_gather_single(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
-  Step step = all_gather_step(comm_, size_, output, input);
+  Step step = all_gather_step(size_, output, input);
   return run(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(step), {output});
 }
 
@@ -425,7 +484,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_gather_single_coalesced(
                     outputs.size(), " outputs for ", inputs.size(), " inputs");
   Step step;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    step.merge(all_gather_step(comm_, size_, outputs[i], inputs[i]));
+    step.merge(all_gather_step(size_, outputs[i], inputs[i]));
   }
   return run(c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", std::move(step), outputs);
 }
@@ -435,7 +494,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather(
     const c10d::AllgatherOptions&) {
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
                     "bcl: all_gather takes one list of outputs and one input");
-  Step step = all_gather_list_step(comm_, size_, rank_, outputs[0], inputs[0]);
+  Step step = all_gather_list_step(size_, rank_, outputs[0], inputs[0]);
   return run(c10d::OpType::ALLGATHER, "all_gather", std::move(step), outputs[0]);
 }
 
@@ -447,7 +506,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather_coalesced(
   Step step;
   std::vector<at::Tensor> result;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    step.merge(all_gather_list_step(comm_, size_, rank_, outputs[i], inputs[i]));
+    step.merge(all_gather_list_step(size_, rank_, outputs[i], inputs[i]));
     result.insert(result.end(), outputs[i].begin(), outputs[i].end());
   }
   return run(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(step), result);
@@ -456,22 +515,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather_coalesced(
 namespace {
 // gather's step: `input` to `root`, which receives every rank's in rank order into `output`
 // (undefined on the other ranks).
-Step gather_step(bclComm_t comm, int size, int rank, int root, const at::Tensor& input,
+Step gather_step(int size, int rank, int root, const at::Tensor& input,
                  const at::Tensor& output, const char* what) {
-  host_only(input);
+  Step step;
+  step.on(input);
   at::Tensor in = input.contiguous();
   bclDataType_t dt = dtype_of(in);
-  Step step;
   step.keep.push_back(in);
   step.bytes = bytes_of(in) * (rank == root ? size : 1);
   at::Tensor out;
   if (rank == root) {
-    host_only(output);
+    step.on(output);
     same(output, in, size * in.numel(), what);
     out = flat_into(output, step);
     step.keep.push_back(out);
   }
-  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
+  step.launches.push_back([in, out, dt, root](bclComm_t comm, bclStream_t s) {
     return bclGather(ptr(in), out.defined() ? ptr(out) : nullptr, count(in), dt, root, comm, s);
   });
   return step;
@@ -484,18 +543,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather(
   TORCH_CHECK_VALUE(inputs.size() == 1, "bcl: gather takes one input");
   int root = static_cast<int>(opts.rootRank);
   if (rank_ != root) {
-    Step step = gather_step(comm_, size_, rank_, root, inputs[0], at::Tensor(), "gather");
+    Step step = gather_step(size_, rank_, root, inputs[0], at::Tensor(), "gather");
     return run(c10d::OpType::GATHER, "gather", std::move(step), {});
   }
   TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                     "bcl: gather: the root needs one list of ", size_, " outputs");
+  Step placed;
+  placed.on(inputs[0]);
   for (const auto& o : outputs[0]) {
-    host_only(o);
+    placed.on(o);
     same(o, inputs[0], inputs[0].numel(), "gather");
   }
   // Into one staged tensor, then out to the list.
   at::Tensor staged = at::empty({size_ * inputs[0].numel()}, inputs[0].options());
-  Step step = gather_step(comm_, size_, rank_, root, inputs[0], staged, "gather");
+  Step step = gather_step(size_, rank_, root, inputs[0], staged, "gather");
   step.after.push_back(unpack(staged, outputs[0]));
   return run(c10d::OpType::GATHER, "gather", std::move(step), outputs[0]);
 }
@@ -504,7 +565,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::gather_single(at::Tensor& output
                                                               at::Tensor& input,
                                                               const c10d::GatherOptions& opts) {
   int root = static_cast<int>(opts.rootRank);
-  Step step = gather_step(comm_, size_, rank_, root, input,
+  Step step = gather_step(size_, rank_, root, input,
                           rank_ == root ? output : at::Tensor(), "gather_into_tensor");
   return run(c10d::OpType::GATHER, "gather_into_tensor", std::move(step),
              rank_ == root ? std::vector<at::Tensor>{output} : std::vector<at::Tensor>{});
@@ -516,11 +577,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::scatter(
   TORCH_CHECK_VALUE(outputs.size() == 1, "bcl: scatter takes one output");
   int root = static_cast<int>(opts.rootRank);
   at::Tensor& output = outputs[0];
-  host_only(output);
   Step step;
+  step.on(output);
   at::Tensor out = flat_into(output, step);
   bclDataType_t dt = dtype_of(output);
-  bclComm_t comm = comm_;
   step.keep.insert(step.keep.end(), {output, out});
   step.bytes = bytes_of(out) * (rank_ == root ? size_ : 1);
   at::Tensor in;
@@ -528,35 +588,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::scatter(
     TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
                       "bcl: scatter: the root needs one list of ", size_, " inputs");
     for (const auto& i : inputs[0]) {
-      host_only(i);
+      step.on(i);
       same(i, output, output.numel(), "scatter");
     }
     in = packed(inputs[0]);
     step.keep.push_back(in);
   }
-  step.launches.push_back([in, out, dt, root, comm](bclStream_t s) {
+  step.launches.push_back([in, out, dt, root](bclComm_t comm, bclStream_t s) {
     return bclScatter(in.defined() ? ptr(in) : nullptr, ptr(out), count(out), dt, root, comm, s);
   });
   return run(c10d::OpType::SCATTER, "scatter", std::move(step), outputs);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoallv(at::Tensor in,
+c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoallv(Step&& step, at::Tensor in,
                                                           std::vector<size_t> in_counts,
                                                           at::Tensor out,
                                                           std::vector<size_t> out_counts,
-                                                          std::vector<at::Tensor> keep,
-                                                          std::function<void()> after,
                                                           std::vector<at::Tensor> result) {
   auto sc = std::make_shared<std::vector<size_t>>(std::move(in_counts));
   auto rc = std::make_shared<std::vector<size_t>>(std::move(out_counts));
   bclDataType_t dt = dtype_of(in);
-  bclComm_t comm = comm_;
-  Step step;
-  step.keep = std::move(keep);
   step.keep.insert(step.keep.end(), {in, out});
-  if (after) step.after.push_back(std::move(after));
   step.bytes = std::max(bytes_of(in), bytes_of(out));
-  step.launches.push_back([in, out, sc, rc, dt, comm](bclStream_t s) {
+  step.launches.push_back([in, out, sc, rc, dt](bclComm_t comm, bclStream_t s) {
     return bclAllToAllv(ptr(in), sc->data(), ptr(out), rc->data(), dt, comm, s);
   });
   return run(c10d::OpType::ALLTOALL_BASE, "all_to_all_single (uneven)", std::move(step), result);
@@ -565,26 +619,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoallv(at::Tensor in,
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_to_all_single(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions&) {
-  host_only(output);
-  host_only(input);
+  Step step;
+  step.on(output);
+  step.on(input);
   TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "bcl: all_to_all_single of ",
                     input.scalar_type(), " into ", output.scalar_type());
   auto uneven = [](const std::vector<int64_t>& s) {
     return !s.empty() && std::any_of(s.begin(), s.end(), [&](int64_t v) { return v != s[0]; });
   };
-  Step step;
-  at::Tensor out = flat_into(output, step);
-  at::Tensor in = input.contiguous();
   if (!uneven(outputSplitSizes) && !uneven(inputSplitSizes)) {
+    at::Tensor out = flat_into(output, step);
+    at::Tensor in = input.contiguous();
     TORCH_CHECK_VALUE(in.numel() == out.numel() && in.numel() % size_ == 0,
                       "bcl: all_to_all_single needs input and output of ", size_,
                       " equal blocks; got ", in.numel(), " and ", out.numel(), " elements");
     bclDataType_t dt = dtype_of(in);
-    bclComm_t comm = comm_;
     size_t n = count(in) / size_;
     step.keep.insert(step.keep.end(), {output, out, in});
     step.bytes = bytes_of(in);
-    step.launches.push_back([in, out, n, dt, comm](bclStream_t s) {
+    step.launches.push_back([in, out, n, dt](bclComm_t comm, bclStream_t s) {
       return bclAllToAll(ptr(in), ptr(out), n, dt, comm, s);
     });
     return run(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", std::move(step), {output});
@@ -604,14 +657,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_to_all_single(
                         (outputSplitSizes.empty() ||
                          static_cast<int>(outputSplitSizes.size()) == size_),
                     "bcl: all_to_all_single: split sizes need one entry per rank (", size_, ")");
-  std::vector<size_t> ins = counts(in, inputSplitSizes), outs = counts(out, outputSplitSizes);
+  std::vector<size_t> ins = counts(input, inputSplitSizes), outs = counts(output, outputSplitSizes);
   size_t in_total = std::accumulate(ins.begin(), ins.end(), size_t{0});
   size_t out_total = std::accumulate(outs.begin(), outs.end(), size_t{0});
-  TORCH_CHECK_VALUE(in_total == count(in) && out_total == count(out),
+  TORCH_CHECK_VALUE(in_total == count(input) && out_total == count(output),
                     "bcl: all_to_all_single: split sizes ", inputSplitSizes, " / ",
-                    outputSplitSizes, " do not cover the tensors (", in.numel(), " and ",
-                    out.numel(), " elements)");
-  return alltoallv(in, ins, out, outs, {output}, step.afterwards(), {output});
+                    outputSplitSizes, " do not cover the tensors (", input.numel(), " and ",
+                    output.numel(), " elements)");
+  // bclAllToAllv takes host memory only: on a GPU, through host copies.
+  step.via_host = step.on_gpu();
+  at::Tensor in = step.via_host ? host_input(input) : input.contiguous();
+  at::Tensor out = step.via_host ? host_output(output, step) : flat_into(output, step);
+  step.keep.push_back(output);
+  return alltoallv(std::move(step), in, ins, out, outs, {output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoall(std::vector<at::Tensor>& outputs,
@@ -620,13 +678,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoall(std::vector<at::Tensor>
   TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ &&
                         static_cast<int>(inputs.size()) == size_,
                     "bcl: all_to_all takes ", size_, " inputs and outputs");
-  for (const auto& t : outputs) host_only(t);
+  Step step;
+  for (const auto& t : outputs) step.on(t);
   for (const auto& t : inputs) {
-    host_only(t);
+    step.on(t);
     TORCH_CHECK_VALUE(t.scalar_type() == outputs[0].scalar_type(), "bcl: all_to_all of ",
                       t.scalar_type(), " into ", outputs[0].scalar_type());
   }
-  at::Tensor in = packed(inputs);
+  // Blocks of any sizes: bclAllToAllv, which takes host memory only (on a GPU, host copies).
+  step.via_host = step.on_gpu();
+  at::Tensor in = host_input(packed(inputs));
   std::vector<size_t> ins, outs;
   int64_t total = 0;
   for (const auto& t : inputs) ins.push_back(count(t));
@@ -635,14 +696,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::alltoall(std::vector<at::Tensor>
     total += t.numel();
   }
   at::Tensor staged = at::empty({total}, in.options());
-  auto after = unpack(staged, outputs);
-  return alltoallv(in, ins, staged, outs, outputs, after, outputs);
+  step.after.push_back(unpack(staged, outputs));
+  step.keep.insert(step.keep.end(), outputs.begin(), outputs.end());
+  return alltoallv(std::move(step), in, ins, staged, outs, outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::barrier(const c10d::BarrierOptions&) {
   Step step;
-  bclComm_t comm = comm_;
-  step.launches.push_back([comm](bclStream_t s) { return bclBarrier(comm, s); });
+  step.launches.push_back([](bclComm_t comm, bclStream_t s) { return bclBarrier(comm, s); });
   return run(c10d::OpType::BARRIER, "barrier", std::move(step), {});
 }
 

@@ -18,11 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/Event.h>
+
 #include "bcl.h"
+#include "tensors.hpp"
 
 namespace bcl_torch {
 
-struct Step;  // process_group.cpp
 
 // The exception of a failed BCL call on this thread: BCL's own text (rank, host, device,
 // cause) after what the backend was doing. A DistBackendError in Python, as NCCL's are.
@@ -30,8 +32,9 @@ std::exception_ptr failure(bclResult_t code, const std::string& what);
 // Throws failure(code, what) unless code is bclSuccess.
 void check(bclResult_t code, const std::string& what);
 
-// A future for a Work's result (a list of tensors), as torch's own backends make them.
-c10::intrusive_ptr<c10::ivalue::Future> new_future();
+// A future for a Work's result (a list of tensors), as torch's own backends make them, on
+// the GPUs the result lives on (its completion is then ordered on their current streams).
+c10::intrusive_ptr<c10::ivalue::Future> new_future(const std::vector<at::Tensor>& result);
 // Run `after` (an operation's copies back) unless the operation failed with `err`, and
 // drop it; the operation's error (the copy's, if that failed), or null.
 std::exception_ptr run_after(std::exception_ptr err, std::function<void()>& after);
@@ -87,6 +90,34 @@ class WorkBCL : public c10d::Work {
 
  private:
   std::shared_ptr<Pending> pending_;
+};
+
+// A collective on a GPU: queued on torch's current stream, done when the stream passes the
+// event recorded after it. As NCCL's works: `wait` makes the caller's current stream wait
+// for it (the host does not block), `synchronize` blocks the host; the future is completed
+// at once, stream-ordered (torch's Future records its own events). A failure poisons the
+// GPU communicator: `wait` and `isCompleted` then raise or report BCL's verdict, and the
+// next call on the group raises at once.
+class WorkGpu : public c10d::Work {
+ public:
+  WorkGpu(c10::Event event, c10::Device device, bclComm_t comm, std::string what,
+          std::vector<at::Tensor> result, int rank, c10d::OpType type);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override { return result_; }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::exception_ptr failed() const;  // the GPU communicator's failure, or null
+  c10::Event event_;
+  c10::Device device_;
+  bclComm_t comm_;
+  std::string what_;
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
 // A receive issued by irecv, run when its Work is waited on: BCL's sends never wait for the
@@ -242,14 +273,25 @@ class ProcessGroupBCL : public c10d::Backend {
   // A work that completed before it was returned.
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> result);
   void drain();  // wait for everything queued (before a batch of sends and receives)
-  c10::intrusive_ptr<c10d::Work> alltoallv(at::Tensor in, std::vector<size_t> in_counts,
-                                           at::Tensor out, std::vector<size_t> out_counts,
-                                           std::vector<at::Tensor> keep,
-                                           std::function<void()> after,
+  c10::intrusive_ptr<c10d::Work> alltoallv(Step&& step, at::Tensor in,
+                                           std::vector<size_t> in_counts, at::Tensor out,
+                                           std::vector<size_t> out_counts,
                                            std::vector<at::Tensor> result);
+  // A GPU operation, queued on torch's current stream of its device (NCCL's semantics).
+  c10::intrusive_ptr<c10d::Work> run_on_gpu(c10d::OpType type, const std::string& what,
+                                            Step&& step, std::vector<at::Tensor> result);
+  // The communicator of this group's GPU `device`, made at its first GPU collective: every
+  // member gets there in the same order (torch's rule for collectives), so rank 0's unique id
+  // reaches the others over the host communicator.
+  bclComm_t gpu_comm(c10::Device device);
 
   std::string origin_;
   bclComm_t comm_ = nullptr;
+  // The group's timeout in seconds (0: BCL's default), for the GPU communicator too.
+  double timeout_s_ = 0;
+  std::mutex gpu_mu_;
+  bclComm_t gpu_comm_ = nullptr;
+  c10::Device gpu_device_{c10::kCUDA, 0};
   bclStream_t stream_ = nullptr;
   size_t sync_bytes_;
   // Between startCoalescing and endCoalescing (batch_isend_irecv): sends and receives are

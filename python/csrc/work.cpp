@@ -2,7 +2,10 @@
 // error, and the thread that finishes operations nobody waits on.
 #include "process_group.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 namespace bcl_torch {
 
@@ -18,8 +21,15 @@ void check(bclResult_t code, const std::string& what) {
   if (code != bclSuccess) std::rethrow_exception(failure(code, what));
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> new_future() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+c10::intrusive_ptr<c10::ivalue::Future> new_future(const std::vector<at::Tensor>& result) {
+  std::vector<c10::Device> gpus;
+  for (const auto& t : result) {
+    if (t.is_cuda() && std::find(gpus.begin(), gpus.end(), t.device()) == gpus.end()) {
+      gpus.push_back(t.device());
+    }
+  }
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                  std::move(gpus));
 }
 
 std::exception_ptr run_after(std::exception_ptr err, std::function<void()>& after) {
@@ -50,9 +60,10 @@ Pending::Pending(std::string what, bclEvent_t event, std::vector<at::Tensor> kee
       keep_(std::move(keep)),
       after_(std::move(after)),
       result_(std::move(result)),
-      future_(new_future()) {}
+      future_(new_future(result_)) {}
 
-Pending::Pending(std::vector<at::Tensor> result) : result_(std::move(result)), future_(new_future()) {
+Pending::Pending(std::vector<at::Tensor> result)
+    : result_(std::move(result)), future_(new_future(result_)) {
   claimed_ = true;
   done_.store(true, std::memory_order_release);
   complete(future_, nullptr, result_);
@@ -111,6 +122,68 @@ bool WorkBCL::wait(std::chrono::milliseconds /*timeout*/) {
 void WorkBCL::synchronize() { wait(); }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkBCL::getFuture() { return pending_->future(); }
+
+namespace {
+// The verdict line of a communicator's health report (rank, host, device, cause), or why
+// there is none.
+std::string verdict_of(bclComm_t comm) {
+  size_t needed = 0;
+  bclCommHealthReport(comm, nullptr, 0, &needed);
+  std::string report(needed, '\0');
+  if (needed == 0 || bclCommHealthReport(comm, report.data(), report.size(), nullptr) != bclSuccess) {
+    return "(no health report)";
+  }
+  const std::string key = "\"verdict\":\"";
+  size_t at = report.find(key);
+  if (at == std::string::npos) return "(no verdict in its health report)";
+  std::string line;
+  for (size_t i = at + key.size(); i < report.size() && report[i] != '"'; ++i) {
+    if (report[i] == '\\' && i + 1 < report.size()) ++i;  // an escaped character, as it is
+    line.push_back(report[i]);
+  }
+  return line;
+}
+}  // namespace
+
+WorkGpu::WorkGpu(c10::Event event, c10::Device device, bclComm_t comm, std::string what,
+                 std::vector<at::Tensor> result, int rank, c10d::OpType type)
+    : c10d::Work(rank, type),
+      event_(std::move(event)),
+      device_(device),
+      comm_(comm),
+      what_(std::move(what)),
+      result_(std::move(result)),
+      future_(new_future(result_)) {
+  // Completed now, in stream order: the future records its own event on the current stream,
+  // and whoever waits on it waits on that stream (NCCL's works do the same).
+  future_->markCompleted(c10::IValue(result_));
+}
+
+std::exception_ptr WorkGpu::failed() const {
+  bclResult_t state = bclSuccess;
+  if (bclCommGetAsyncError(comm_, &state) == bclSuccess && state == bclSuccess) return nullptr;
+  return std::make_exception_ptr(c10::DistBackendError(
+      {__func__, __FILE__, __LINE__}, "bcl: " + what_ + " on " + device_.str() +
+                                          ": the GPU communicator failed: " + verdict_of(comm_)));
+}
+
+bool WorkGpu::isCompleted() { return failed() != nullptr || event_.query(); }
+
+bool WorkGpu::isSuccess() const { return failed() == nullptr && event_.query(); }
+
+std::exception_ptr WorkGpu::exception() const { return failed(); }
+
+bool WorkGpu::wait(std::chrono::milliseconds /*timeout: BCL's own bounds the operation*/) {
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  event_.block(impl.getStream(device_));
+  if (std::exception_ptr err = failed()) std::rethrow_exception(err);
+  return true;
+}
+
+void WorkGpu::synchronize() {
+  event_.synchronize();
+  if (std::exception_ptr err = failed()) std::rethrow_exception(err);
+}
 
 Completer::Completer() : thread_([this] { loop(); }) {}
 

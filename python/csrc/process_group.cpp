@@ -426,9 +426,16 @@ Step all_gather_step(int size, const at::Tensor& output,
   return step;
 }
 
+// Whether the outputs of an all_gather into a list differ in size (bclAllGatherv).
+bool uneven_list(const std::vector<at::Tensor>& outs) {
+  return std::any_of(outs.begin(), outs.end(),
+                     [&](const at::Tensor& o) { return o.numel() != outs[0].numel(); });
+}
+
 // all_gather into a list: output p holds rank p's input (bclAllGatherv when sizes differ).
+// On a GPU an uneven one goes through host memory, as do all when `through_host`.
 Step all_gather_list_step(int size, int rank, const std::vector<at::Tensor>& outs,
-                          const at::Tensor& input) {
+                          const at::Tensor& input, bool through_host) {
   Step step;
   step.on(input);
   TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == size, "bcl: all_gather: ", outs.size(),
@@ -450,7 +457,7 @@ Step all_gather_list_step(int size, int rank, const std::vector<at::Tensor>& out
   bool even = std::all_of(counts->begin(), counts->end(),
                           [&](size_t c) { return c == count(in); });
   // Uneven on a GPU: through host memory (BCL's bclAllGatherv takes host memory only).
-  step.via_host = !even && step.on_gpu();
+  step.via_host = (through_host || !even) && step.on_gpu();
   if (step.via_host) in = host_input(in);
   at::Tensor staged = at::empty({total}, in.options());
   bclDataType_t dt = dtype_of(input);
@@ -494,7 +501,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather(
     const c10d::AllgatherOptions&) {
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
                     "bcl: all_gather takes one list of outputs and one input");
-  Step step = all_gather_list_step(size_, rank_, outputs[0], inputs[0]);
+  Step step = all_gather_list_step(size_, rank_, outputs[0], inputs[0], false);
   return run(c10d::OpType::ALLGATHER, "all_gather", std::move(step), outputs[0]);
 }
 
@@ -503,10 +510,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::allgather_coalesced(
     const c10d::AllgatherOptions&) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "bcl: all_gather_coalesced: ",
                     outputs.size(), " output lists for ", inputs.size(), " inputs");
+  // One Work: if one of them must go through host memory on a GPU, all of them do.
+  bool through_host = std::any_of(outputs.begin(), outputs.end(),
+                                  [](const auto& outs) { return uneven_list(outs); });
   Step step;
   std::vector<at::Tensor> result;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    step.merge(all_gather_list_step(size_, rank_, outputs[i], inputs[i]));
+    step.merge(all_gather_list_step(size_, rank_, outputs[i], inputs[i], through_host));
     result.insert(result.end(), outputs[i].begin(), outputs[i].end());
   }
   return run(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", std::move(step), result);

@@ -50,6 +50,10 @@ struct Step {
 
   void merge(Step&& other) {
     if (other.placed) place(other.device);
+    // A launch given the GPU communicator host memory, or the host one GPU memory, would
+    // be refused at best: the parts of one Work go one way.
+    TORCH_CHECK(launches.empty() || other.launches.empty() || via_host == other.via_host,
+                "bcl: internal: one operation's parts would go through host memory and not");
     via_host = via_host || other.via_host;
     for (auto& l : other.launches) launches.push_back(std::move(l));
     for (auto& t : other.keep) keep.push_back(std::move(t));

@@ -176,6 +176,16 @@ for i, t in enumerate(xs):
     dist.all_reduce(b, group=gloo)
     same(f"allreduce_coalesced tensor {i}", a[i], b, 1e-6)
 
+# all_gather_coalesced of an even and an uneven list: one Work, so on a GPU both go through
+# host copies.
+xs2 = [data(rank + 1200, 4, torch.float32), data(rank + 1300, rank + 1, torch.float32)]
+lists = [[torch.zeros(4, device=DEV) for _ in range(n)],
+         [torch.zeros(p + 1, device=DEV) for p in range(n)]]
+dist.group.WORLD.allgather_coalesced(lists, [t.to(DEV, copy=True) for t in xs2]).wait()
+for p in range(n):
+    same(f"allgather_coalesced even block {p}", lists[0][p], data(p + 1200, 4, torch.float32))
+    same(f"allgather_coalesced uneven block {p}", lists[1][p], data(p + 1300, p + 1, torch.float32))
+
 # Point to point (through host copies): send/recv, irecv then send, batch_isend_irecv.
 if n > 1 and rank < 2:
     peer = 1 - rank

@@ -16,12 +16,12 @@ are left out there), which is how the script itself is checked on a machine with
 Prints "rank R OK"."""
 import copy
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
 import bcl.torch  # noqa: F401  registers "bcl"
+from against_gloo import data, finish, mismatch
 
 DEV = torch.device(os.environ.get("BCL_CHECK_DEVICE", "cuda"))
 GPU = DEV.type == "cuda"
@@ -35,27 +35,11 @@ R = dist.ReduceOp
 failures = []
 
 
-def data(seed, numel, dtype):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (numel,), generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randint(-8, 9, (numel,), generator=g).to(dtype) / 4
-    return torch.randint(0, 5, (numel,), generator=g).to(dtype)
-
-
 def same(what, got, want, tol=None):
     if got.device != DEV:
         failures.append(f"{what}: the result is on {got.device}, not {DEV}")
-    got = got.cpu()
-    if got.shape != want.shape:
-        failures.append(f"{what}: shape {tuple(got.shape)} vs gloo {tuple(want.shape)}")
-    elif tol is None:
-        if not torch.equal(got, want):
-            i = (got != want).nonzero()[0].tolist()
-            failures.append(f"{what}: {got[tuple(i)]} vs gloo {want[tuple(i)]} at {i}")
-    elif not torch.allclose(got.double(), want.double(), rtol=tol, atol=tol):
-        failures.append(f"{what}: beyond {tol}: max diff {(got.double() - want.double()).abs().max()}")
+    if (why := mismatch(what, got.cpu(), want, tol)) is not None:
+        failures.append(why)
 
 
 def tol_of(dtype):
@@ -257,10 +241,4 @@ for (name, p), q in zip(ddp.module.named_parameters(), ref.module.parameters()):
     same(f"DDP parameter {name}", p.detach(), q.detach(), 1e-5)
 
 dist.barrier()
-if failures:
-    print(f"rank {rank}: {len(failures)} failures", file=sys.stderr)
-    for f in failures[:30]:
-        print(f"rank {rank}: {f}", file=sys.stderr)
-    sys.exit(1)
-dist.destroy_process_group()
-print(f"rank {rank} OK")
+finish(rank, failures)

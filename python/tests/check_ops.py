@@ -5,13 +5,13 @@ uint8, int32, int64 and bool, every reduce op (PREMUL_SUM against Gloo's sum of 
 inputs), the coalesced forms, contiguous and non-contiguous tensors, sync and async. Exact comparison, except float sums whose rounding depends on the reduction
 order (bounded by (n-1) ulps of the sum of magnitudes). Prints "rank R OK"."""
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 import bcl.torch  # noqa: F401  registers "bcl"
+from against_gloo import data, finish, mismatch
 
 dist.init_process_group("bcl")
 rank, n = dist.get_rank(), dist.get_world_size()
@@ -27,24 +27,9 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 SIZES = [0, 1, 7, 1000, 1 << 20]
 
 
-def data(seed, numel, dtype):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (numel,), generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randint(-8, 9, (numel,), generator=g).to(dtype) / 4
-    return torch.randint(0, 5, (numel,), generator=g).to(dtype)
-
-
 def same(what, got, want, tol=None):
-    if got.shape != want.shape:
-        failures.append(f"{what}: shape {tuple(got.shape)} vs gloo {tuple(want.shape)}")
-    elif tol is None:
-        if not torch.equal(got, want):
-            i = (got != want).nonzero()[0].tolist()
-            failures.append(f"{what}: {got[tuple(i)]} vs gloo {want[tuple(i)]} at {i}")
-    elif not torch.allclose(got.double(), want.double(), rtol=tol, atol=tol):
-        failures.append(f"{what}: beyond {tol}: max diff {(got.double() - want.double()).abs().max()}")
+    if (why := mismatch(what, got, want, tol)) is not None:
+        failures.append(why)
 
 
 def tol_of(dtype, op):
@@ -334,10 +319,4 @@ for numel in (10, 1 << 22):
         failures.append(f"batch_isend_irecv of {numel}: {got[0]}")
 dist.barrier()
 
-if failures:
-    print(f"rank {rank}: {len(failures)} failures", file=sys.stderr)
-    for f in failures[:30]:
-        print(f"rank {rank}: {f}", file=sys.stderr)
-    sys.exit(1)
-dist.destroy_process_group()
-print(f"rank {rank} OK")
+finish(rank, failures)

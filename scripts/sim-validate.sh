@@ -5,11 +5,14 @@
 # shaped with tc (scripts/hier-bench.sh, ring and hier-ring interleaved), each against
 # bcl-sim calibrated from this machine's constants measured in the same rounds: each round
 # also runs the cost model's fitting runs (scripts/measure-cost-model.sh's: ring and recursive
-# doubling on 2 and 4 ranks, 8 B to 4 MiB) over shm and TCP, fitted as that script does
-# (scripts/lib/cost_fit.py) into alpha (2 and 4 ranks), beta and gamma per transport; between
-# the namespace hosts, the shaped link's goodput measured first (a 2-host sendrecv).
+# doubling on 2 and 4 ranks, 8 B to 32 MiB) over shm and TCP, fitted as that script does
+# (scripts/lib/cost_fit.py) into alpha (2 and 4 ranks), beta and gamma per transport, and beta
+# by size (CURVE=1, the default: one figure per calibration size from 32 KiB up, the 2-rank
+# ring's, for bcl-sim's beta-curve); between the namespace hosts, the shaped link's goodput measured
+# first (a 2-host sendrecv).
 #
 #   scripts/sim-validate.sh [ROUNDS] [RATE]         # default 5 rounds, 2gbit
+#   CURVE=0 REUSE=1 scripts/sim-validate.sh         # the same runs, one beta at every size
 #
 # Needs root (namespaces, tc) for the last part; NETNS=0 skips it. OUT (default
 # /tmp/sim-validate) gets every run's JSON, table.md (measured median, range, simulated,
@@ -33,7 +36,7 @@ for round in $(seq 1 "$rounds"); do
         for n in 2 4; do
             for algo in ring rd; do
                 timeout 600 "$bench" allreduce --nranks "$n" --transport "$transport" --algo "$algo" \
-                    -b 8 -e 4M -f 4 -n 30 -w 5 -c 0 --json "$out/cal-$transport-$n-$algo-r$round.json" >/dev/null
+                    -b 8 -e 32M -f 4 -n 30 -w 5 -c 0 --json "$out/cal-$transport-$n-$algo-r$round.json" >/dev/null
             done
         done
         for n in 2 4 8; do
@@ -46,10 +49,14 @@ done
 # The constants: gamma held at cost.rs's (GAMMA_SHM_GBS, GAMMA_TCP_GBS), as
 # scripts/measure-cost-model.sh holds it between hosts: on this noisy VM the three-way fit of
 # 2 ranks put gamma below zero (ring and doubling differ in it by half the reduced bytes
-# only). Then, per rank count, alpha from the sizes to 2 KiB and beta from 128 KiB up with
-# that alpha (that script's hosts class): one line through 8 B-4 MiB weighted by relative
-# error follows the small sizes and was 2x fast at 4 MiB here.
-GAMMA_SHM_GBS=${GAMMA_SHM_GBS:-6.24} GAMMA_TCP_GBS=${GAMMA_TCP_GBS:-4.97} python3 - "$out" <<'PY'
+# only). Then, per rank count, alpha from the sizes to 2 KiB and beta from 128 KiB to 4 MiB
+# with that alpha (that script's hosts class): one line through 8 B-4 MiB weighted by relative
+# error follows the small sizes and was 2x fast at 4 MiB here. And beta at each size from
+# 32 KiB up, from the 2-rank ring: past the caches a byte costs more, which one beta cannot
+# carry. (Not from doubling: its one message of the whole buffer, received then reduced, took
+# twice the ring's time at 32 MiB, where the model has them within 25%.)
+GAMMA_SHM_GBS=${GAMMA_SHM_GBS:-6.24} GAMMA_TCP_GBS=${GAMMA_TCP_GBS:-4.97} CURVE=${CURVE:-1} \
+    python3 - "$out" <<'PY'
 import glob, json, os, statistics, sys
 sys.path.insert(0, "scripts/lib")
 from cost_fit import coefficients, fit
@@ -69,17 +76,29 @@ for t in ("shm", "tcp"):
     def constants(world):
         keys = sorted(k for k in med if k[0] == world)
         a, _, _ = fit([k for k in keys if k[2] <= 2048], med, gamma)
-        b = statistics.median((med[k] - coefficients(*k)[0] * a - coefficients(*k)[2] * gamma)
-                              / coefficients(*k)[1] for k in keys if k[2] >= 131072)
+        b = statistics.median(per_byte(k, a) for k in keys if 131072 <= k[2] <= 4 << 20)
         return a, b
+
+    def per_byte(k, a):
+        steps, sent, reduced = coefficients(*k)
+        return (med[k] - steps * a - reduced * gamma) / sent
 
     a2, b2 = constants(2)
     a4, _ = constants(4)
     assert a2 > 0 and a4 > 0 and b2 > 0, f"{t}: the fit is not physical: {a2} {a4} {b2}"
     keys[t] = dict(alpha2=a2 * 1e6, alpha4=a4 * 1e6, beta=1 / b2 / 1e9, gamma=1 / gamma / 1e9)
     print(f"# {t}: alpha 2 ranks {a2*1e6:.1f} us, 4 ranks {a4*1e6:.1f} us; 1/beta {1/b2/1e9:.2f} GB/s; 1/gamma {1/gamma/1e9:.2f} GB/s (held)")
+    curve = []
+    for size in sorted({k[2] for k in med if k[0] == 2 and k[2] >= 32768}):
+        b = per_byte((2, "ring", size), a2)
+        assert b > 0, f"{t}: beta at {size} B is not physical: {b}"
+        curve.append((size, 1 / b / 1e9))
+    print(f"# {t}: 1/beta by size (2 ranks): " + ", ".join(f"{s} B {g:.2f}" for s, g in curve) + " GB/s")
+    if os.environ["CURVE"] == "1":
+        keys[t]["beta-curve"] = "/".join(f"{s}:{g:.4g}" for s, g in curve)
 for t in ("shm", "tcp"):
-    open(f"{out}/cal-{t}.spec", "w").write(",".join(f"{k}={v:.4g}" for k, v in keys[t].items()))
+    open(f"{out}/cal-{t}.spec", "w").write(",".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keys[t].items()))
 tcp = keys["tcp"]
 open(f"{out}/cal-tcp-between.spec", "w").write(
     f"tcp-alpha2={tcp['alpha2']:.4g},tcp-alpha4={tcp['alpha4']:.4g},tcp-beta={tcp['beta']:.4g}")

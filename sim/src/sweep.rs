@@ -167,7 +167,8 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
                 return Err("no group of ranks to simulate".into());
             };
             let max = args.max_steps.unwrap_or(engine::MAX_STEPS);
-            match engine::simulate_both_within(topo, &case(false), &case(true), g, max) {
+            let row = topo.at_size(count * dtype.size());
+            match engine::simulate_both_within(&row, &case(false), &case(true), g, max) {
                 Err(e) if e.contains("not symmetric") => {
                     let Some(&&next) = tried.peek() else {
                         return Err(e);

@@ -27,10 +27,12 @@
 //!
 //! and, for `local`, constants measured alongside instead of the cost model's
 //! ([`Calibration`]): `alpha2`, `alpha4` (µs), `beta`, `gamma` (GB/s), `tcp-alpha2`,
-//! `tcp-alpha4`, `tcp-beta`.
+//! `tcp-alpha4`, `tcp-beta`, and `beta-curve=BYTES:GBPS/BYTES:GBPS/...`, the ranks' links by
+//! the operation's size where one β cannot carry the caches (see [`Topology::at_size`]).
 
 use bcl_core::schedule::Fabric;
 use bcl_core::schedule::cost::{self, LinkCost};
+use std::borrow::Cow;
 
 /// A class of link: per-message latency and bandwidth.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,6 +93,10 @@ pub struct Topology {
     /// Messages in flight at once from one rank to one peer (the rest wait their turn, as
     /// on a shared-memory ring or a socket): TCP's connections per peer, 1 otherwise.
     pub channels: usize,
+    /// The `local` model's links inside a host by the operation's size (bytes, bytes per
+    /// second; ascending sizes), measured alongside (`beta-curve`); empty: `a.intra` at every
+    /// size. See [`Topology::at_size`].
+    pub intra_by_size: Vec<(f64, f64)>,
 }
 
 /// Hosts under one leaf switch in the default cluster (at most; see [`Topology::fit`]).
@@ -135,6 +141,7 @@ pub fn default_cluster() -> Topology {
         switches_given: false,
         cores: 0,
         channels: 1,
+        intra_by_size: Vec::new(),
     }
 }
 
@@ -155,12 +162,14 @@ pub fn local(world: usize, shm: bool) -> Topology {
 /// TCP (between namespace hosts). The cost model's by default; `alpha2`, `alpha4` (µs),
 /// `beta`, `gamma` (GB/s) and `tcp-alpha2`, `tcp-alpha4`, `tcp-beta` replace them with
 /// figures measured alongside (scripts/sim-validate.sh).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Calibration {
     pub two: LinkCost,
     pub four: LinkCost,
     pub tcp_two: LinkCost,
     pub tcp_four: LinkCost,
+    /// `beta-curve`: the links' speed by operation size (bytes, bytes per second).
+    pub beta_curve: Vec<(f64, f64)>,
 }
 
 impl Calibration {
@@ -170,6 +179,7 @@ impl Calibration {
             four: cost::link_cost(Fabric::flat(4, shm, true)),
             tcp_two: cost::link_cost(Fabric::flat(2, false, true)),
             tcp_four: cost::link_cost(Fabric::flat(4, false, true)),
+            beta_curve: Vec::new(),
         }
     }
 
@@ -194,6 +204,7 @@ impl Calibration {
                 self.tcp_two.beta = per_gb(value)?;
                 self.tcp_four.beta = self.tcp_two.beta;
             }
+            "beta-curve" => self.beta_curve = curve(key, value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -251,7 +262,42 @@ pub fn local_calibrated(world: usize, shm: bool, cal: &Calibration) -> Topology 
         cores: LOCAL_CORES,
         // BCL's default: shm one ring per peer, TCP two connections per peer.
         channels: if shm { 1 } else { 2 },
+        intra_by_size: cal.beta_curve.clone(),
     }
+}
+
+/// The speed at `x` on a curve of (size, speed) points, sizes ascending: linear in log2 of
+/// the size between points, the end point's outside them.
+fn interpolate(points: &[(f64, f64)], x: f64) -> f64 {
+    let i = points.partition_point(|p| p.0 <= x);
+    if i == 0 {
+        return points[0].1;
+    }
+    if i == points.len() {
+        return points[i - 1].1;
+    }
+    let ((x0, y0), (x1, y1)) = (points[i - 1], points[i]);
+    let f = (x.log2() - x0.log2()) / (x1.log2() - x0.log2());
+    y0 + f * (y1 - y0)
+}
+
+/// `BYTES:GBPS/BYTES:GBPS/...`: points of a speed by size, sizes ascending (bytes, bytes/s).
+fn curve(key: &str, value: &str) -> Result<Vec<(f64, f64)>, String> {
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    for point in value.split('/') {
+        let (size, speed) = point
+            .split_once(':')
+            .ok_or_else(|| format!("topology: {key}: '{point}' is not BYTES:GBPS"))?;
+        let size = positive(key, size)?;
+        if points.last().is_some_and(|&(last, _)| size <= last) {
+            return Err(format!(
+                "topology: {key}={value}: sizes must ascend ({size} after {})",
+                points.last().map_or(0.0, |p| p.0)
+            ));
+        }
+        points.push((size, positive(key, speed)? * 1e9));
+    }
+    Ok(points)
 }
 
 fn number(key: &str, value: &str) -> Result<f64, String> {
@@ -354,7 +400,7 @@ impl Topology {
             let (k, v) = (k.as_str(), v.as_str());
             match k {
                 "transport" | "alpha2" | "alpha4" | "beta" | "gamma" | "tcp-alpha2"
-                | "tcp-alpha4" | "tcp-beta"
+                | "tcp-alpha4" | "tcp-beta" | "beta-curve"
                     if base == "local" => {}
                 "hosts" if base == "local" => {
                     t.local_hosts = count(k, v)?.max(1);
@@ -510,6 +556,20 @@ impl Topology {
     }
 
     /// One line for the table's header.
+    /// This topology for an operation of `bytes` per rank. Where `intra_by_size` is given,
+    /// the links inside a host run at its speed for that size: interpolated in log2 of the
+    /// size between the measured points, the nearest point's outside them. What a byte costs
+    /// on this machine depends on whether the operation's buffers still fit the caches, and
+    /// one β fitted in them was 1.7-2× fast past them (docs/simulator.md).
+    pub fn at_size(&self, bytes: usize) -> Cow<'_, Topology> {
+        if self.intra_by_size.is_empty() {
+            return Cow::Borrowed(self);
+        }
+        let mut t = self.clone();
+        t.a.intra.bandwidth = interpolate(&self.intra_by_size, bytes as f64);
+        Cow::Owned(t)
+    }
+
     pub fn describe(&self) -> String {
         let gb = |b: f64| b / 1e9;
         let mut s = format!(
@@ -520,6 +580,14 @@ impl Topology {
             self.a.intra.alpha * 1e6,
             gb(self.a.reduce)
         );
+        if !self.intra_by_size.is_empty() {
+            let points: Vec<String> = self
+                .intra_by_size
+                .iter()
+                .map(|&(size, speed)| format!("{size} B {:.2}", gb(speed)))
+                .collect();
+            s += &format!(" (by operation size, GB/s: {})", points.join(", "));
+        }
         if self.hosts > 1 {
             s += &format!(
                 "; {} NICs × {:.1} GB/s, {:.1} µs; leaf {} hosts (oversub {}), pod {} leaves (oversub {}){}",
@@ -569,6 +637,38 @@ mod tests {
                 .next()
                 .unwrap_or("");
             assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_beta_curve_sets_the_links_by_operation_size() {
+        let t =
+            Topology::parse("local,beta=9,beta-curve=1024:4/4096:2/65536:1", 2).expect("parses");
+        let at = |bytes: usize| t.at_size(bytes).a.intra.bandwidth / 1e9;
+        // The end points' speeds outside the curve, the points' own at them, and halfway in
+        // log2 of the size between two (2048 lies halfway between 1024 and 4096).
+        for (bytes, want) in [
+            (1, 4.0),
+            (1024, 4.0),
+            (2048, 3.0),
+            (4096, 2.0),
+            (16384, 1.5),
+        ] {
+            assert!((at(bytes) - want).abs() < 1e-9, "{bytes} B: {}", at(bytes));
+        }
+        assert!((at(1 << 30) - 1.0).abs() < 1e-9);
+        // Only the links inside a host move; without a curve, nothing does.
+        assert_eq!(t.at_size(2048).a.reduce, t.a.reduce);
+        let plain = Topology::parse("local,beta=9", 2).expect("parses");
+        assert!((plain.at_size(1 << 20).a.intra.bandwidth - 9e9).abs() < 1.0);
+        for bad in [
+            "local,beta-curve=4096:2/1024:4",
+            "local,beta-curve=1024:0",
+            "local,beta-curve=1024",
+            "cluster,beta-curve=1024:1",
+        ] {
+            let e = Topology::parse(bad, 2).expect_err(bad);
+            assert!(e.contains("beta-curve"), "{bad}: {e}");
         }
     }
 

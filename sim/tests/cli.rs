@@ -1,5 +1,6 @@
 //! `bcl-sim` as a user runs it: a row too large for its step limit is said, left out, and
-//! fails the run only after the rows that fit are printed and written.
+//! fails the run only after the rows that fit are printed and written; a `beta-curve` sets
+//! each row's links by its size.
 
 use std::process::Command;
 
@@ -74,4 +75,49 @@ fn a_row_too_large_is_left_out_and_the_sweep_goes_on() {
         4,
         "{stdout}"
     );
+}
+
+/// The out-of-place times (µs) of a 2-rank local allreduce sweep, 64 KiB and 4 MiB.
+fn local_times(topology: &str) -> Vec<f64> {
+    let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
+        .args([
+            "allreduce",
+            "--nranks",
+            "2",
+            "-b",
+            "64K",
+            "-e",
+            "4M",
+            "-f",
+            "64",
+        ])
+        .args(["--topology", topology])
+        .output()
+        .expect("bcl-sim runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let time = l.split_whitespace().nth(5).expect("a time column");
+            time.parse().expect("a number")
+        })
+        .collect()
+}
+
+#[test]
+fn a_beta_curve_slows_the_rows_past_its_knee_and_no_others() {
+    let plain = local_times("local,beta=4");
+    // 4 GB/s at 64 KiB as the scalar, 1 GB/s from 4 MiB.
+    let curve = local_times("local,beta=4,beta-curve=65536:4/4194304:1");
+    assert_eq!(plain.len(), 2);
+    assert_eq!(curve.len(), 2);
+    assert!(
+        (curve[0] - plain[0]).abs() <= 1e-9 * plain[0],
+        "{curve:?} {plain:?}"
+    );
+    // A 2-rank ring's 4 MiB row is mostly the link's bytes: 4 times slower links make it
+    // more than twice as long.
+    assert!(curve[1] > 2.0 * plain[1], "{curve:?} {plain:?}");
 }

@@ -124,24 +124,33 @@ void WorkBCL::synchronize() { wait(); }
 c10::intrusive_ptr<c10::ivalue::Future> WorkBCL::getFuture() { return pending_->future(); }
 
 namespace {
-// The verdict line of a communicator's health report (rank, host, device, cause), or why
-// there is none.
-std::string verdict_of(bclComm_t comm) {
+// The text of the string field `key` of a JSON object (its escapes taken as they are), or
+// empty if it has none (null, or absent).
+std::string string_field(const std::string& json, const std::string& key) {
+  const std::string start = "\"" + key + "\":\"";
+  size_t at = json.find(start);
+  if (at == std::string::npos) return "";
+  std::string text;
+  for (size_t i = at + start.size(); i < json.size() && json[i] != '"'; ++i) {
+    if (json[i] == '\\' && i + 1 < json.size()) ++i;
+    text.push_back(json[i]);
+  }
+  return text;
+}
+
+// Why a communicator failed, from its health report: the error that poisoned it (rank,
+// host, device, cause), else its verdict line.
+std::string failure_of(bclComm_t comm) {
   size_t needed = 0;
   bclCommHealthReport(comm, nullptr, 0, &needed);
   std::string report(needed, '\0');
   if (needed == 0 || bclCommHealthReport(comm, report.data(), report.size(), nullptr) != bclSuccess) {
     return "(no health report)";
   }
-  const std::string key = "\"verdict\":\"";
-  size_t at = report.find(key);
-  if (at == std::string::npos) return "(no verdict in its health report)";
-  std::string line;
-  for (size_t i = at + key.size(); i < report.size() && report[i] != '"'; ++i) {
-    if (report[i] == '\\' && i + 1 < report.size()) ++i;  // an escaped character, as it is
-    line.push_back(report[i]);
+  for (const char* key : {"async_error", "verdict"}) {
+    if (std::string text = string_field(report, key); !text.empty()) return text;
   }
-  return line;
+  return "(its health report names no cause)";
 }
 }  // namespace
 
@@ -164,7 +173,7 @@ std::exception_ptr WorkGpu::failed() const {
   if (bclCommGetAsyncError(comm_, &state) == bclSuccess && state == bclSuccess) return nullptr;
   return std::make_exception_ptr(c10::DistBackendError(
       {__func__, __FILE__, __LINE__}, "bcl: " + what_ + " on " + device_.str() +
-                                          ": the GPU communicator failed: " + verdict_of(comm_)));
+                                          ": the GPU communicator failed: " + failure_of(comm_)));
 }
 
 bool WorkGpu::isCompleted() { return failed() != nullptr || event_.query(); }

@@ -8,7 +8,7 @@
 # doubling on 2 and 4 ranks, 8 B to 32 MiB) over shm and TCP, fitted as that script does
 # (scripts/lib/cost_fit.py) into alpha (2 and 4 ranks), beta and gamma per transport, and beta
 # by size (CURVE=1, the default: one figure per calibration size from 32 KiB up, the 2-rank
-# ring's, for bcl-sim's beta-curve); between the namespace hosts, the shaped link's goodput measured
+# ring's, for bcl-sim's beta-curve, keyed by both ranks' bytes: the ranks share the caches); between the namespace hosts, the shaped link's goodput measured
 # first (a 2-host sendrecv).
 #
 #   scripts/sim-validate.sh [ROUNDS] [RATE]         # default 5 rounds, 2gbit
@@ -95,7 +95,7 @@ for t in ("shm", "tcp"):
         curve.append((size, 1 / b / 1e9))
     print(f"# {t}: 1/beta by size (2 ranks): " + ", ".join(f"{s} B {g:.2f}" for s, g in curve) + " GB/s")
     if os.environ["CURVE"] == "1":
-        keys[t]["beta-curve"] = "/".join(f"{s}:{g:.4g}" for s, g in curve)
+        keys[t]["beta-curve"] = "/".join(f"{2 * s}:{g:.4g}" for s, g in curve)
 for t in ("shm", "tcp"):
     open(f"{out}/cal-{t}.spec", "w").write(",".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in keys[t].items()))

@@ -28,7 +28,8 @@
 //! and, for `local`, constants measured alongside instead of the cost model's
 //! ([`Calibration`]): `alpha2`, `alpha4` (µs), `beta`, `gamma` (GB/s), `tcp-alpha2`,
 //! `tcp-alpha4`, `tcp-beta`, and `beta-curve=BYTES:GBPS/BYTES:GBPS/...`, the ranks' links by
-//! the operation's size where one β cannot carry the caches (see [`Topology::at_size`]).
+//! the bytes of the operation's buffers on the whole machine, where one β cannot carry the
+//! caches (see [`Topology::at_size`]).
 
 use bcl_core::schedule::Fabric;
 use bcl_core::schedule::cost::{self, LinkCost};
@@ -93,9 +94,9 @@ pub struct Topology {
     /// Messages in flight at once from one rank to one peer (the rest wait their turn, as
     /// on a shared-memory ring or a socket): TCP's connections per peer, 1 otherwise.
     pub channels: usize,
-    /// The `local` model's links inside a host by the operation's size (bytes, bytes per
-    /// second; ascending sizes), measured alongside (`beta-curve`); empty: `a.intra` at every
-    /// size. See [`Topology::at_size`].
+    /// The `local` model's links inside a host by the operation's buffers on the whole
+    /// machine (bytes of all ranks, bytes per second; ascending sizes), measured alongside
+    /// (`beta-curve`); empty: `a.intra` at every size. See [`Topology::at_size`].
     pub intra_by_size: Vec<(f64, f64)>,
 }
 
@@ -557,16 +558,18 @@ impl Topology {
 
     /// One line for the table's header.
     /// This topology for an operation of `bytes` per rank. Where `intra_by_size` is given,
-    /// the links inside a host run at its speed for that size: interpolated in log2 of the
-    /// size between the measured points, the nearest point's outside them. What a byte costs
-    /// on this machine depends on whether the operation's buffers still fit the caches, and
-    /// one β fitted in them was 1.7-2× fast past them (docs/simulator.md).
+    /// the links inside a host run at its speed for the operation's buffers on the whole
+    /// machine (`bytes` × the ranks: the `local` model's ranks share its caches), interpolated
+    /// in log2 of that size between the measured points, the nearest point's outside them.
+    /// What a byte costs on this machine depends on whether the buffers still fit the caches:
+    /// one β fitted in them was 35-53% fast past them (docs/simulator.md).
     pub fn at_size(&self, bytes: usize) -> Cow<'_, Topology> {
         if self.intra_by_size.is_empty() {
             return Cow::Borrowed(self);
         }
         let mut t = self.clone();
-        t.a.intra.bandwidth = interpolate(&self.intra_by_size, bytes as f64);
+        let machine = bytes as f64 * self.world() as f64;
+        t.a.intra.bandwidth = interpolate(&self.intra_by_size, machine);
         Cow::Owned(t)
     }
 
@@ -645,15 +648,10 @@ mod tests {
         let t =
             Topology::parse("local,beta=9,beta-curve=1024:4/4096:2/65536:1", 2).expect("parses");
         let at = |bytes: usize| t.at_size(bytes).a.intra.bandwidth / 1e9;
-        // The end points' speeds outside the curve, the points' own at them, and halfway in
-        // log2 of the size between two (2048 lies halfway between 1024 and 4096).
-        for (bytes, want) in [
-            (1, 4.0),
-            (1024, 4.0),
-            (2048, 3.0),
-            (4096, 2.0),
-            (16384, 1.5),
-        ] {
+        // Looked up at the 2 ranks' bytes together: the end points' speeds outside the
+        // curve, the points' own at them, and halfway in log2 of the size between two (2048
+        // lies halfway between 1024 and 4096).
+        for (bytes, want) in [(1, 4.0), (512, 4.0), (1024, 3.0), (2048, 2.0), (8192, 1.5)] {
             assert!((at(bytes) - want).abs() < 1e-9, "{bytes} B: {}", at(bytes));
         }
         assert!((at(1 << 30) - 1.0).abs() < 1e-9);

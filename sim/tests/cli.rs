@@ -109,8 +109,9 @@ fn local_times(topology: &str) -> Vec<f64> {
 #[test]
 fn a_beta_curve_slows_the_rows_past_its_knee_and_no_others() {
     let plain = local_times("local,beta=4");
-    // 4 GB/s at 64 KiB as the scalar, 1 GB/s from 4 MiB.
-    let curve = local_times("local,beta=4,beta-curve=65536:4/4194304:1");
+    // By the 2 ranks' bytes together: 4 GB/s at 64 KiB a rank, as the scalar; 1 GB/s from
+    // 4 MiB a rank.
+    let curve = local_times("local,beta=4,beta-curve=131072:4/8388608:1");
     assert_eq!(plain.len(), 2);
     assert_eq!(curve.len(), 2);
     assert!(

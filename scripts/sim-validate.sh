@@ -8,8 +8,8 @@
 # doubling on 2 and 4 ranks, 8 B to 32 MiB) over shm and TCP, fitted as that script does
 # (scripts/lib/cost_fit.py) into alpha (2 and 4 ranks), beta and gamma per transport, and beta
 # by size (CURVE=1, the default: one figure per calibration size from 32 KiB up, the 2-rank
-# ring's, for bcl-sim's beta-curve, keyed by both ranks' bytes: the ranks share the caches); between the namespace hosts, the shaped link's goodput measured
-# first (a 2-host sendrecv).
+# ring's, for bcl-sim's beta-curve, keyed by both ranks' bytes: the ranks share the caches);
+# between the namespace hosts, the shaped link's goodput measured first (a 2-host sendrecv).
 #
 #   scripts/sim-validate.sh [ROUNDS] [RATE]         # default 5 rounds, 2gbit
 #   CURVE=0 REUSE=1 scripts/sim-validate.sh         # the same runs, one beta at every size

@@ -678,7 +678,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBCL::all_to_all_single(
   step.via_host = step.on_gpu();
   at::Tensor in = step.via_host ? host_input(input) : input.contiguous();
   at::Tensor out = step.via_host ? host_output(output, step) : flat_into(output, step);
-  step.keep.push_back(output);
   return alltoallv(std::move(step), in, ins, out, outs, {output});
 }
 

@@ -25,7 +25,6 @@
 
 namespace bcl_torch {
 
-
 // The exception of a failed BCL call on this thread: BCL's own text (rank, host, device,
 // cause) after what the backend was doing. A DistBackendError in Python, as NCCL's are.
 std::exception_ptr failure(bclResult_t code, const std::string& what);
@@ -96,8 +95,8 @@ class WorkBCL : public c10d::Work {
 // event recorded after it. As NCCL's works: `wait` makes the caller's current stream wait
 // for it (the host does not block), `synchronize` blocks the host; the future is completed
 // at once, stream-ordered (torch's Future records its own events). A failure poisons the
-// GPU communicator: `wait` and `isCompleted` then raise or report BCL's verdict, and the
-// next call on the group raises at once.
+// GPU communicator: `wait` and `isCompleted` then raise or report the error that poisoned
+// it, and the next call on the group raises at once.
 class WorkGpu : public c10d::Work {
  public:
   WorkGpu(c10::Event event, c10::Device device, bclComm_t comm, std::string what,

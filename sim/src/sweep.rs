@@ -158,6 +158,7 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
             in_place,
             slice_elems: (args.slice_bytes / dtype.size()).max(1),
         };
+        let row = topo.at_size(count * dtype.size());
         // Plans that are not symmetric (recursive doubling's pairing step on hosts that are
         // not a power of two, halving-doubling by groups, trees) run with the next group:
         // every host, then every rank.
@@ -167,7 +168,6 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
                 return Err("no group of ranks to simulate".into());
             };
             let max = args.max_steps.unwrap_or(engine::MAX_STEPS);
-            let row = topo.at_size(count * dtype.size());
             match engine::simulate_both_within(&row, &case(false), &case(true), g, max) {
                 Err(e) if e.contains("not symmetric") => {
                     let Some(&&next) = tried.peek() else {

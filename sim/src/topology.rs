@@ -290,10 +290,9 @@ fn curve(key: &str, value: &str) -> Result<Vec<(f64, f64)>, String> {
             .split_once(':')
             .ok_or_else(|| format!("topology: {key}: '{point}' is not BYTES:GBPS"))?;
         let size = positive(key, size)?;
-        if points.last().is_some_and(|&(last, _)| size <= last) {
+        if let Some(&(last, _)) = points.last().filter(|&&(last, _)| size <= last) {
             return Err(format!(
-                "topology: {key}={value}: sizes must ascend ({size} after {})",
-                points.last().map_or(0.0, |p| p.0)
+                "topology: {key}={value}: sizes must ascend ({size} after {last})"
             ));
         }
         points.push((size, positive(key, speed)? * 1e9));
@@ -556,7 +555,6 @@ impl Topology {
         }
     }
 
-    /// One line for the table's header.
     /// This topology for an operation of `bytes` per rank. Where `intra_by_size` is given,
     /// the links inside a host run at its speed for the operation's buffers on the whole
     /// machine (`bytes` × the ranks: the `local` model's ranks share its caches), interpolated
@@ -573,6 +571,7 @@ impl Topology {
         Cow::Owned(t)
     }
 
+    /// One line for the table's header.
     pub fn describe(&self) -> String {
         let gb = |b: f64| b / 1e9;
         let mut s = format!(
@@ -589,7 +588,7 @@ impl Topology {
                 .iter()
                 .map(|&(size, speed)| format!("{size} B {:.2}", gb(speed)))
                 .collect();
-            s += &format!(" (by operation size, GB/s: {})", points.join(", "));
+            s += &format!(" (by the machine's bytes, GB/s: {})", points.join(", "));
         }
         if self.hosts > 1 {
             s += &format!(

@@ -11,7 +11,9 @@
 # Inside the guest: device rxe0 on dummy0 (10.251.0.1/24) and rxe1 on dummy1 (10.251.1.1/24),
 # GID index 1 = the IPv4-mapped GID. Two guests joined by a virtual wire (scripts/rdma-two-vms.sh):
 # BCL_RDMA_VM_WIRE=listen=:PORT or connect=127.0.0.1:PORT and BCL_RDMA_VM_IP=10.253.0.N give the
-# guest a virtio NIC eth0 on a qemu socket netdev, with that address and rxe2 on it.
+# guest a virtio NIC eth0 on a qemu socket netdev, with that address and rxe2 on it;
+# BCL_RDMA_VM_WIRE=tap=NAME puts eth0 on a host tap device instead (scripts/rdma-four-vms.sh
+# joins four guests on a bridge that way).
 # BCL_RDMA_VM=1 is set there so tests know the device must exist.
 set -euo pipefail
 
@@ -118,8 +120,11 @@ GUEST
   local smp=${BCL_RDMA_VM_CPUS:-$(nproc)}
   local nic=(-nic none)
   if [ -n "${BCL_RDMA_VM_WIRE:-}" ]; then
-    local last=${BCL_RDMA_VM_IP##*.}
-    nic=(-netdev "socket,id=wire,$BCL_RDMA_VM_WIRE"
+    local last=${BCL_RDMA_VM_IP##*.} netdev="socket,id=wire,$BCL_RDMA_VM_WIRE"
+    # tap=NAME: a host tap device (on a bridge the caller made) instead of a socket.
+    [ "${BCL_RDMA_VM_WIRE#tap=}" != "$BCL_RDMA_VM_WIRE" ] &&
+      netdev="tap,id=wire,ifname=${BCL_RDMA_VM_WIRE#tap=},script=no,downscript=no"
+    nic=(-netdev "$netdev"
       -device "virtio-net-pci,netdev=wire,mac=52:54:00:00:00:$(printf %02x "$last")")
   fi
   timeout "${BCL_RDMA_VM_TIMEOUT:-1200}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \

@@ -51,12 +51,12 @@ cp target/release/bcl-bench target/rdma-vm/bcl-bench
 out=$(cd "$out" && pwd)
 for g in 1 2 3 4; do rm -rf "$out/g$g"; mkdir -p "$out/g$g"; done
 
-# The wire: a bridge and a tap per guest, gone at exit. Bridged frames must not pass through
+# The wire: a bridge and a tap per guest, gone at exit (names within the kernel's 15 characters). Bridged frames must not pass through
 # the host's packet filter (a FORWARD policy could drop them): its sysctl is restored at exit.
 br=br-bcl$$
 nf=/proc/sys/net/bridge/bridge-nf-call-iptables
 cleanup() {
-  for g in 1 2 3 4; do ip link del "tap-bcl$$-$g" 2>/dev/null || true; done
+  for g in 1 2 3 4; do ip link del "tb$$-$g" 2>/dev/null || true; done
   ip link del "$br" 2>/dev/null || true
   [ -z "${nf_was:-}" ] || echo "$nf_was" > "$nf"
 }
@@ -64,9 +64,9 @@ trap cleanup EXIT
 ip link add "$br" type bridge
 ip link set "$br" up
 for g in 1 2 3 4; do
-  ip tuntap add dev "tap-bcl$$-$g" mode tap
-  ip link set "tap-bcl$$-$g" master "$br"
-  ip link set "tap-bcl$$-$g" up
+  ip tuntap add dev "tb$$-$g" mode tap
+  ip link set "tb$$-$g" master "$br"
+  ip link set "tb$$-$g" up
 done
 if [ -e "$nf" ]; then nf_was=$(cat "$nf"); echo 0 > "$nf"; fi
 
@@ -113,7 +113,7 @@ export BCL_RDMA_VM_CPUS=1 BCL_RDMA_VM_MEMORY=1536 BCL_RDMA_VM_TIMEOUT=${BCL_RDMA
 pids=()
 for g in 1 2 3 4; do
   guest $g > "$out/g$g.sh"
-  BCL_RDMA_VM_WIRE="tap=tap-bcl$$-$g" BCL_RDMA_VM_IP=10.253.0.$g \
+  BCL_RDMA_VM_WIRE="tap=tb$$-$g" BCL_RDMA_VM_IP=10.253.0.$g \
     bash scripts/rdma-vm.sh run "bash $out/g$g.sh" "$out/g$g" > "$out/g$g-console.txt" 2>&1 &
   pids+=($!)
   sleep 1

@@ -23,6 +23,8 @@ import re, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def stream(g, name):  # perftest's average, MiB/s, as 10^6 B/s (the writer's report)
     m = re.search(r"^\s*1048576\s+\d+\s+[\d.]+\s+([\d.]+)", open(f"{out}/g{g}/ib_write_bw-{name}.txt").read(), re.M)
+    if not m:
+        sys.exit(f"rdma-four-vms: guest {g}: no ib_write_bw result in ib_write_bw-{name}.txt")
     return float(m.group(1)) * 1.048576
 def ring(name):  # the mean stream of the four at once
     return statistics.mean(stream(g, name) for g in range(1, 5))
@@ -51,8 +53,9 @@ cp target/release/bcl-bench target/rdma-vm/bcl-bench
 out=$(cd "$out" && pwd)
 for g in 1 2 3 4; do rm -rf "$out/g$g"; mkdir -p "$out/g$g"; done
 
-# The wire: a bridge and a tap per guest, gone at exit (names within the kernel's 15 characters). Bridged frames must not pass through
-# the host's packet filter (a FORWARD policy could drop them): its sysctl is restored at exit.
+# The wire: a bridge and a tap per guest (names within the kernel's 15 characters), gone at
+# exit. Bridged frames must not pass through the host's packet filter (a FORWARD policy could
+# drop them): its sysctl is restored at exit.
 br=br-bcl$$
 nf=/proc/sys/net/bridge/bridge-nf-call-iptables
 cleanup() {

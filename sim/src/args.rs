@@ -57,6 +57,11 @@ pub struct Args {
     /// cannot be read.
     #[arg(long)]
     pub max_steps: Option<usize>,
+    /// After each row, a comment line saying how the simulated flows' rate changes were
+    /// settled (kept, computed near the change, or over the whole component): what the
+    /// simulator's own time follows.
+    #[arg(long)]
+    pub rate_stats: bool,
     /// Write one JSON object per row and placement to this file (bcl-bench's schema,
     /// `"simulated": true`).
     #[arg(long)]

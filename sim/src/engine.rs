@@ -69,6 +69,8 @@ pub struct Outcome {
     pub simulated_ranks: usize,
     /// Steps run.
     pub steps: u64,
+    /// How the flows' changes were settled (`--rate-stats`).
+    pub rates: crate::flows::RateStats,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -499,6 +501,7 @@ impl Engine<'_> {
             seconds: self.runs.iter().map(|r| r.end).fold(0.0, f64::max),
             simulated_ranks: self.runs.len(),
             steps: self.steps,
+            rates: self.net.flows.stats(),
         }
     }
 

@@ -174,8 +174,8 @@ pub struct Flows {
     vacated: FastMap<RouteKey, (f64, usize)>,
     /// Rate computations so far (each over one or more components).
     computations: u64,
-    /// Changes that kept every rate, checked locally.
-    kept: u64,
+    /// How changes to the flows were settled (see [`RateStats`]).
+    stats: RateStats,
     ends: BinaryHeap<End>,
     // Scratch of the rate computation, kept to avoid allocating per event.
     epoch: u64,
@@ -185,6 +185,22 @@ pub struct Flows {
     weight: Vec<f64>,
     /// Unfrozen flows through each resource while rates are computed.
     unfrozen: Vec<usize>,
+}
+
+/// How the changes to the flows were settled (`bcl-sim --rate-stats`): what the cost of a
+/// run's rate computations follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateStats {
+    /// Moments at which the flows had changed (starts and ends settled together).
+    pub changes: u64,
+    /// Changes that kept every rate, checked locally.
+    pub kept: u64,
+    /// Changes settled by rates computed around them only.
+    pub near: u64,
+    /// Changes for which the whole component was computed, and the flows those computations
+    /// visited.
+    pub whole: u64,
+    pub whole_flows: u64,
 }
 
 /// Flows computed around a change, in widening tries, before the whole component is (see
@@ -366,18 +382,21 @@ impl Flows {
         if self.dirty.is_empty() {
             return;
         }
+        self.stats.changes += 1;
         if self.settle_locally() {
             self.dirty.clear();
-            self.kept += 1;
+            self.stats.kept += 1;
             return;
         }
         let dirty = std::mem::take(&mut self.dirty);
         // Ever wider around the change, then the whole component.
         for most in NEARBY {
             if self.compute(&dirty, most) {
+                self.stats.near += 1;
                 return;
             }
         }
+        self.stats.whole += 1;
         self.compute(&dirty, usize::MAX);
     }
 
@@ -417,6 +436,9 @@ impl Flows {
                     }
                 }
             }
+        }
+        if most == usize::MAX {
+            self.stats.whole_flows += comp.len() as u64;
         }
         // Bring the component's bytes up to now, at the rates they had.
         let now = self.now;
@@ -628,7 +650,12 @@ impl Flows {
 
     /// How many changes kept every rate (see `settle_locally`) instead of a computation.
     pub fn kept(&self) -> u64 {
-        self.kept
+        self.stats.kept
+    }
+
+    /// How the changes so far were settled.
+    pub fn stats(&self) -> RateStats {
+        self.stats
     }
 
     /// Whether `id` still runs.

@@ -192,6 +192,7 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
             skipped.push(size);
             continue;
         };
+        let rates = both.first.rates;
         let mut pair = Vec::new();
         for (in_place, out) in [(false, both.first), (true, both.second)] {
             let time_us = out.seconds * 1e6;
@@ -230,6 +231,19 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
             });
         }
         print(&table::row(&pair[0], &pair[1]));
+        if args.rate_stats {
+            let s = rates;
+            print(&format!(
+                "# {size} B, rates: {} changes, {} kept, {} settled near, {} whole components \
+                 ({} flows, {:.0} each)",
+                s.changes,
+                s.kept,
+                s.near,
+                s.whole,
+                s.whole_flows,
+                s.whole_flows as f64 / s.whole.max(1) as f64
+            ));
+        }
         all.extend(pair);
     }
     print(&table::footer(&all));

@@ -122,3 +122,29 @@ fn a_beta_curve_slows_the_rows_past_its_knee_and_no_others() {
     // more than twice as long.
     assert!(curve[1] > 2.0 * plain[1], "{curve:?} {plain:?}");
 }
+
+/// `--rate-stats` says after each row how its changes to the flows were settled: every
+/// change one way, and the whole-component computations' flows counted.
+#[test]
+fn rate_stats_account_for_every_change_of_each_row() {
+    let out = sweep().arg("--rate-stats").output().expect("bcl-sim runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" B, rates: "))
+        .collect();
+    assert_eq!(lines.len(), 4, "a line per row:\n{stdout}");
+    for line in lines {
+        let n: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| !w.is_empty())
+            .map(|w| w.parse().expect("a count"))
+            .collect();
+        // size, changes, kept, near, whole, flows, flows each
+        let (changes, kept, near, whole, flows) = (n[1], n[2], n[3], n[4], n[5]);
+        assert!(changes > 0, "{line}");
+        assert_eq!(kept + near + whole, changes, "{line}");
+        assert!(whole == 0 || flows >= whole, "{line}");
+    }
+}

@@ -8,6 +8,10 @@
 # model to them).
 # The class `hosts` is the link between hosts: every rank on a namespace host of its own
 # whose NIC is shaped to RATE (default 2gbit, `scripts/lib/netns-hosts.sh`; needs root).
+# The last line is the setting that hands these constants to BCL's selector in place of the
+# built-in ones (`BCL_LINK_INSIDE` for tcp and shm, the links of one host; `BCL_LINK_BETWEEN`
+# for hosts), from the largest world whose fit came out positive (this VM's noise can put β
+# below zero; then no setting is printed).
 # Usage: [RATE=2gbit] scripts/measure-cost-model.sh tcp|shm|hosts [ROUNDS] [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +70,7 @@ worlds = sorted({k[0] for k in med})
 # per world size with gamma fixed: on a small VM the per-step cost grows with the ranks per
 # core, so each measured world size gets its own.
 fitted = {k: v for k, v in med.items() if k[1] in ("ring", "rd")}
+setting = None
 if transport == "hosts":
     # Between hosts the link, not the reduction, bounds every large size, so gamma cannot be
     # told from beta there: it is the host's, taken from the tcp fit (cost.rs's TCP_2).
@@ -86,6 +91,8 @@ for world in worlds:
         beta = statistics.median((med[k] - coefficients(*k)[0] * alpha - coefficients(*k)[2] * gamma)
                                  / coefficients(*k)[1] for k in big)
     print(f"# {transport} {world} ranks: alpha = {alpha * 1e6:.1f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+    if alpha >= 0 and beta > 0 and gamma > 0:
+        setting = f"{alpha * 1e6:.1f},{1 / beta / 1e9:.3f},{1 / gamma / 1e9:.2f}"
     print("# size  ring_us  rd_us  hd_us  fastest  by  model_picks")
     for size in sorted({k[2] for k in keys}):
         t = {a: med[(world, a, size)] for a in ("ring", "rd", "hd") if (world, a, size) in med}
@@ -96,4 +103,9 @@ for world in worlds:
         best = min(t, key=t.get)
         print(f"{size:8d} " + " ".join(f"{t[a] * 1e6:8.1f}" for a in ("ring", "rd", "hd") if a in t)
               + f"  {best:4} {sorted(t.values())[1] / t[best]:4.2f}  {pick}")
+link = "BCL_LINK_BETWEEN" if transport == "hosts" else "BCL_LINK_INSIDE"
+if setting:
+    print(f"{link}={setting}")
+else:
+    print(f"# no {link} setting: no world's fit came out positive; measure more rounds")
 PY

@@ -46,6 +46,7 @@ fn banner(comm: &Communicator, args: &Args) {
     let _ = writeln!(out, "#  Ring order: {:?}", comm.ring());
     let _ = writeln!(out, "#  Topology: {}", comm.topology());
     let _ = writeln!(out, "#  NICs: {}", comm.describe_nics());
+    let _ = writeln!(out, "#  Link constants: {}", comm.describe_link_constants());
     let links: Vec<String> = (0..comm.world_size())
         .filter_map(|p| comm.link(p).map(|l| format!("{p}={}", l.name())))
         .collect();

@@ -16,7 +16,10 @@
 //! (0: two tiers), `oversub` / `pod-oversub` the leaf's / pod's down:up ratio; `rails=1`: NIC k
 //! of every host joins leaf plane k (rail-optimised); `b-share=F` the fraction of hosts of a
 //! second vendor, spread evenly, with `b-reduce`, `b-copy`, `b-intra`, `b-nic` its speeds
-//! (default: the first vendor's); `channels` messages in flight per peer; `cores` per host when ranks are CPU threads
+//! (default: the first vendor's); `links=cluster` hands BCL's selector these links' own
+//! constants, as a deployment that measured them sets `BCL_LINK_INSIDE` and
+//! `BCL_LINK_BETWEEN` (`links=builtin`, the default: its built-in ones, this project's VM's);
+//! `channels` messages in flight per peer; `cores` per host when ranks are CPU threads
 //! (0: devices); `transport` for
 //! `local` (shm or tcp); `hosts=H` for `local`: the ranks on H network-namespace hosts of this
 //! machine (shm inside, TCP between, `nic=1xGBPS@US` the shaped veth), sharing its cores:
@@ -32,7 +35,7 @@
 //! caches (see [`Topology::at_size`]).
 
 use bcl_core::schedule::Fabric;
-use bcl_core::schedule::cost::{self, LinkCost};
+use bcl_core::schedule::cost::{self, LinkCost, MeasuredLink};
 use std::borrow::Cow;
 
 /// A class of link: per-message latency and bandwidth.
@@ -98,6 +101,11 @@ pub struct Topology {
     /// machine (bytes of all ranks, bytes per second; ascending sizes), measured alongside
     /// (`beta-curve`); empty: `a.intra` at every size. See [`Topology::at_size`].
     pub intra_by_size: Vec<(f64, f64)>,
+    /// BCL's selector is told this cluster's own link constants, as a deployment that
+    /// measured them sets `BCL_LINK_INSIDE` / `BCL_LINK_BETWEEN` (the default for `cluster`);
+    /// false: BCL's built-in ones, this project's test VM's (`links=builtin`; always for
+    /// `local`, whose real runs use them).
+    pub own_links: bool,
 }
 
 /// Hosts under one leaf switch in the default cluster (at most; see [`Topology::fit`]).
@@ -143,6 +151,7 @@ pub fn default_cluster() -> Topology {
         cores: 0,
         channels: 1,
         intra_by_size: Vec::new(),
+        own_links: false,
     }
 }
 
@@ -264,6 +273,7 @@ pub fn local_calibrated(world: usize, shm: bool, cal: &Calibration) -> Topology 
         // BCL's default: shm one ring per peer, TCP two connections per peer.
         channels: if shm { 1 } else { 2 },
         intra_by_size: cal.beta_curve.clone(),
+        own_links: false,
     }
 }
 
@@ -430,6 +440,13 @@ impl Topology {
                 "rails" => t.rails = count(k, v)? != 0,
                 "channels" => t.channels = count(k, v)?.max(1),
                 "cores" => t.cores = count(k, v)?,
+                "links" => {
+                    t.own_links = match v {
+                        "cluster" => true,
+                        "builtin" => false,
+                        _ => return Err(format!("topology: links={v} (cluster, builtin)")),
+                    }
+                }
                 "b-share" | "b-reduce" | "b-copy" | "b-intra" | "b-nic" => {
                     let (share, vendor) = b.get_or_insert_with(|| {
                         (
@@ -552,6 +569,28 @@ impl Topology {
             // selector picks here what it picks for real; the network model does not tell a
             // lent message from one through the rings.
             single_copy_from: Some(bcl_core::config::SINGLE_COPY_BYTES),
+            inside_link: self.own_links.then(|| self.measured(|v| v.intra)),
+            between_link: (self.own_links && self.hosts > 1).then(|| self.measured(|v| v.nic)),
+        }
+    }
+
+    /// One link class as a deployment would measure it on this cluster: the slowest of its
+    /// vendors' (largest α, lowest bandwidth, slowest reduce), as the slowest link paces a
+    /// collective.
+    fn measured(&self, class: impl Fn(&Vendor) -> Link) -> MeasuredLink {
+        let vendors =
+            std::iter::once(&self.a).chain(self.b.iter().filter(|(f, _)| *f > 0.0).map(|(_, v)| v));
+        let (mut alpha, mut bandwidth, mut reduce) = (0.0f64, f64::INFINITY, f64::INFINITY);
+        for v in vendors {
+            let l = class(v);
+            alpha = alpha.max(l.alpha);
+            bandwidth = bandwidth.min(l.bandwidth);
+            reduce = reduce.min(v.reduce);
+        }
+        MeasuredLink {
+            alpha_ns: (alpha * 1e9).round() as u64,
+            bytes_per_second: (bandwidth.round() as u64).max(1),
+            reduce_bytes_per_second: Some((reduce.round() as u64).max(1)),
         }
     }
 
@@ -619,6 +658,45 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn links_hand_the_selector_the_clusters_own_constants_or_none() {
+        let own = Topology::parse(
+            "cluster,links=cluster,b-share=0.5,b-nic=25@12,b-reduce=400",
+            64,
+        )
+        .expect("parses")
+        .fabric();
+        let between = own.between_link.expect("between hosts");
+        // The slower vendor's NIC, and its reduce: the slowest link paces the collective.
+        assert_eq!(
+            (
+                between.alpha_ns,
+                between.bytes_per_second,
+                between.reduce_bytes_per_second
+            ),
+            (12_000, 25_000_000_000, Some(400_000_000_000))
+        );
+        let inside = own.inside_link.expect("inside a host");
+        assert_eq!(
+            (inside.alpha_ns, inside.bytes_per_second),
+            (3_000, 370_000_000_000)
+        );
+        for spec in [
+            "cluster",
+            "cluster,links=builtin",
+            "local",
+            "local,hosts=2,nic=1x0.25",
+        ] {
+            let f = Topology::parse(spec, 8).expect(spec).fabric();
+            assert!(
+                f.inside_link.is_none() && f.between_link.is_none(),
+                "{spec}"
+            );
+        }
+        let e = Topology::parse("cluster,links=mine", 16).expect_err("bad links");
+        assert!(e.contains("links=mine"), "{e}");
+    }
 
     #[test]
     fn measured_constants_replace_the_cost_models() {

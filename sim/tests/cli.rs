@@ -1,6 +1,6 @@
 //! `bcl-sim` as a user runs it: a row too large for its step limit is said, left out, and
 //! fails the run only after the rows that fit are printed and written; a `beta-curve` sets
-//! each row's links by its size.
+//! each row's links by its size; told a cluster's own links, the selector picks the fastest.
 
 use std::process::Command;
 
@@ -147,4 +147,51 @@ fn rate_stats_account_for_every_change_of_each_row() {
         assert_eq!(kept + near + whole, changes, "{line}");
         assert!(whole == 0 || flows >= whole, "{line}");
     }
+}
+
+/// The rows of a 1024-rank allreduce sweep (128 hosts of the default cluster), 1 and 2 MiB:
+/// each row's (time in µs, algorithm).
+fn cluster_rows(topology: &str, algo: &str) -> Vec<(f64, String)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
+        .args(["allreduce", "--nranks", "1024", "-b", "1M", "-e", "2M"])
+        .args(["--topology", topology, "--algo", algo])
+        .output()
+        .expect("bcl-sim runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[5].parse().expect("a time"), f[f.len() - 1].to_string())
+        })
+        .collect()
+}
+
+/// Told the cluster's own link constants (`links=cluster`, as a deployment sets
+/// `BCL_LINK_INSIDE` / `BCL_LINK_BETWEEN`), BCL's selector picks at each size the fastest of
+/// the algorithms it weighs, as the simulator times them forced one by one; with its
+/// built-in constants (this project's VM, the default) it picks another at 1 MiB.
+#[test]
+fn told_the_clusters_own_links_the_selector_picks_the_fastest() {
+    let own = cluster_rows("cluster,links=cluster", "auto");
+    let builtin = cluster_rows("cluster", "auto");
+    let forced: Vec<Vec<(f64, String)>> = ["ring", "rd", "hd", "hier-ring", "hier-rd", "hier-hd"]
+        .iter()
+        .map(|a| cluster_rows("cluster", a))
+        .collect();
+    assert_eq!(own.len(), 2);
+    for (row, (time, algo)) in own.iter().enumerate() {
+        let best = forced
+            .iter()
+            .map(|rows| rows[row].0)
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            *time <= best * 1.0001,
+            "row {row}: auto picks {algo} at {time} µs, the fastest forced takes {best} µs"
+        );
+    }
+    assert_ne!(own[0].1, builtin[0].1, "{own:?} {builtin:?}");
+    assert!(builtin[0].0 > own[0].0, "{own:?} {builtin:?}");
 }

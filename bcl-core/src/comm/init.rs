@@ -529,6 +529,8 @@ pub(super) fn finish(
                 && config.single_copy_bytes <= config.slice_bytes
                 && bcl_transport::shm::sibling_reads_permitted())
             .then_some(config.single_copy_bytes),
+            inside_link: config.link_inside,
+            between_link: config.link_between,
         },
         polling: polling(config.spin, local_ranks),
         lines_bytes: lines::capacity(transport.as_mut(), &peers, config.lines_bytes),

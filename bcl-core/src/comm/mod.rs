@@ -197,6 +197,27 @@ impl Communicator {
         hosts.join("; ")
     }
 
+    /// The link constants the algorithm choice uses, as one line for headers
+    /// (`inside a host: built-in; between hosts: 8.0 µs, 50.00 GB/s, reduce built-in`).
+    pub fn describe_link_constants(&self) -> String {
+        let one = |given: Option<crate::schedule::cost::MeasuredLink>, var: &str| match given {
+            None => "built-in".to_string(),
+            Some(m) => format!(
+                "{:.1} µs, {:.2} GB/s, reduce {} ({var})",
+                m.alpha_ns as f64 / 1e3,
+                m.bytes_per_second as f64 / 1e9,
+                m.reduce_bytes_per_second
+                    .map_or("built-in".into(), |r| format!("{:.2} GB/s", r as f64 / 1e9))
+            ),
+        };
+        let f = &self.shared.fabric;
+        format!(
+            "inside a host: {}; between hosts: {}",
+            one(f.inside_link, "BCL_LINK_INSIDE"),
+            one(f.between_link, "BCL_LINK_BETWEEN")
+        )
+    }
+
     /// The algorithm a call of `collective` over `bytes` runs with: the one forced by
     /// [`CommConfig::algorithm`], or the selector's choice ([`crate::schedule::select`]).
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Algorithm {

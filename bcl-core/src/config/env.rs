@@ -7,6 +7,7 @@ use super::limits::{
 };
 use super::{CommConfig, TransportKind};
 use crate::error::{Error, Result};
+use crate::schedule::cost::MeasuredLink;
 
 /// A source of settings by name: the process environment, or a map in tests.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -21,7 +22,8 @@ impl CommConfig {
     /// (auto, ring, rd, hd, tree, hier-ring, hier-rd, hier-hd, hier-tree), `BCL_HEALTH` (on, off), `BCL_HEARTBEAT_MS`,
     /// `BCL_HANG_TIMEOUT_MS`, `BCL_DUMP_DIR`, `BCL_FLIGHT_RECORDER_OPS`, `BCL_SLOW_WINDOW_MS`,
     /// `BCL_REPORT_FANOUT`,
-    /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]), `BCL_SHARES` (equal, speed). A value that does not parse, or lies outside its range, is an error
+    /// `BCL_SPIN_US`, `BCL_TOPOLOGY` ([`super::TopologySpec`]), `BCL_SHARES` (equal, speed),
+    /// `BCL_LINK_INSIDE` and `BCL_LINK_BETWEEN` (`ALPHA_US,GBPS[,REDUCE_GBPS]`, or builtin). A value that does not parse, or lies outside its range, is an error
     /// naming the variable and the value.
     pub fn with_env(mut self, get: Env<'_>) -> Result<Self> {
         let invalid =
@@ -118,6 +120,17 @@ impl CommConfig {
         }
         if let Some(n) = count("BCL_SINGLE_COPY_BYTES", super::limits::SINGLE_COPY_BYTES)? {
             self.single_copy_bytes = n;
+        }
+        for (name, link) in [
+            ("BCL_LINK_INSIDE", &mut self.link_inside),
+            ("BCL_LINK_BETWEEN", &mut self.link_between),
+        ] {
+            if let Some(v) = get(name) {
+                *link = match v.trim() {
+                    "builtin" => None,
+                    text => Some(MeasuredLink::parse(name, text).map_err(Error::InvalidArgument)?),
+                };
+            }
         }
         if let Some(v) = get("BCL_HEALTH") {
             self.health.enabled = match v.as_str() {
@@ -255,6 +268,47 @@ mod tests {
         );
         let e = shares("fair").expect_err("bad shares");
         assert!(e.to_string().contains("BCL_SHARES='fair'"), "{e}");
+        let links = CommConfig::default()
+            .with_env(&env(&[
+                ("BCL_LINK_INSIDE", "3,370,1000"),
+                ("BCL_LINK_BETWEEN", " 8.5 , 50 "),
+            ]))
+            .expect("links");
+        let inside = links.link_inside.expect("inside");
+        assert_eq!(
+            (
+                inside.alpha_ns,
+                inside.bytes_per_second,
+                inside.reduce_bytes_per_second
+            ),
+            (3000, 370_000_000_000, Some(1_000_000_000_000))
+        );
+        let between = links.link_between.expect("between");
+        assert_eq!(
+            (
+                between.alpha_ns,
+                between.bytes_per_second,
+                between.reduce_bytes_per_second
+            ),
+            (8500, 50_000_000_000, None)
+        );
+        let builtin = links
+            .with_env(&env(&[("BCL_LINK_BETWEEN", "builtin")]))
+            .expect("builtin");
+        assert!(builtin.link_between.is_none() && builtin.link_inside.is_some());
+        assert!(CommConfig::default().link_between.is_none());
+        for bad in [
+            "8", "8,50,1,2", "x,50", "8,0", "-1,50", "8,inf", "nan,50", "8,50,0", "2e7,1",
+        ] {
+            let e = CommConfig::default()
+                .with_env(&env(&[("BCL_LINK_BETWEEN", bad)]))
+                .expect_err(bad);
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
+            assert!(
+                e.to_string().contains(&format!("BCL_LINK_BETWEEN='{bad}'")),
+                "{e}"
+            );
+        }
     }
 
     /// Every numeric variable, with every kind of bad value: a clear invalid-argument error

@@ -13,6 +13,7 @@ pub use topology::TopologySpec;
 
 use crate::error::{Error, Result};
 use crate::schedule::Algorithm;
+use crate::schedule::cost::MeasuredLink;
 use bcl_backends::{DeviceOptions, DeviceSpec};
 use bcl_transport::mem::MemFabric;
 use limits::{
@@ -193,6 +194,13 @@ pub struct CommConfig {
     /// (`process_vm_readv`, where the ptrace rules allow; `BCL_SINGLE_COPY_BYTES`; 0: never).
     /// Each rank decides for itself.
     pub single_copy_bytes: usize,
+    /// The constants of the links inside a host and between hosts as this deployment
+    /// measured them (`BCL_LINK_INSIDE`, `BCL_LINK_BETWEEN`: `ALPHA_US,GBPS[,REDUCE_GBPS]`, as
+    /// `scripts/measure-cost-model.sh` prints them), for the algorithm choice; `None`: the
+    /// built-in ones, this project's test VM's (`schedule::cost::measured`). Every rank must
+    /// be given the same.
+    pub link_inside: Option<MeasuredLink>,
+    pub link_between: Option<MeasuredLink>,
 }
 
 /// [`CommConfig::lines_bytes`] unless configured: all the lines hold, since they measured
@@ -228,6 +236,8 @@ impl Default for CommConfig {
             shares: Shares::BySpeed,
             lines_bytes: LINES_BYTES,
             single_copy_bytes: SINGLE_COPY_BYTES,
+            link_inside: None,
+            link_between: None,
         }
     }
 }
@@ -257,6 +267,14 @@ impl CommConfig {
         SLICE_BYTES.check("CommConfig::slice_bytes", self.slice_bytes)?;
         limits::LINES_BYTES.check("CommConfig::lines_bytes", self.lines_bytes)?;
         limits::SINGLE_COPY_BYTES.check("CommConfig::single_copy_bytes", self.single_copy_bytes)?;
+        for (what, link) in [
+            ("CommConfig::link_inside", self.link_inside),
+            ("CommConfig::link_between", self.link_between),
+        ] {
+            link.map(|l| l.check(what))
+                .transpose()
+                .map_err(Error::InvalidArgument)?;
+        }
         if let Some(spin) = self.spin {
             SPIN.check("CommConfig::spin", spin)?;
         }
@@ -300,7 +318,7 @@ mod tests {
     fn a_config_built_in_code_is_checked_like_the_environment() {
         assert!(CommConfig::default().validate().is_ok());
         type Spoil = fn(&mut CommConfig);
-        let cases: [(&str, Spoil); 11] = [
+        let cases: [(&str, Spoil); 13] = [
             ("lines_bytes", |c| c.lines_bytes = 3561),
             ("single_copy_bytes", |c| c.single_copy_bytes = 2 << 30),
             ("sockets_per_peer", |c| c.sockets_per_peer = 0),
@@ -314,6 +332,20 @@ mod tests {
                 c.health.hang_timeout = Duration::from_millis(1)
             }),
             ("recorder_ops", |c| c.health.recorder_ops = 0),
+            ("link_inside", |c| {
+                c.link_inside = Some(MeasuredLink {
+                    alpha_ns: 1,
+                    bytes_per_second: 0,
+                    reduce_bytes_per_second: None,
+                })
+            }),
+            ("link_between", |c| {
+                c.link_between = Some(MeasuredLink {
+                    alpha_ns: 1,
+                    bytes_per_second: 1,
+                    reduce_bytes_per_second: Some(0),
+                })
+            }),
         ];
         for (field, spoil) in cases {
             let mut c = CommConfig::default();

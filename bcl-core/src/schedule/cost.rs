@@ -82,6 +82,81 @@ pub mod measured {
     };
 }
 
+/// A link class's constants as a deployment measured them on its own machines
+/// (`scripts/measure-cost-model.sh` prints them as `BCL_LINK_INSIDE` / `BCL_LINK_BETWEEN`):
+/// they take the place of the built-in ones ([`measured`], this project's test VM), since the
+/// selector's choices follow its constants and a cluster's NICs are not the VM's shaped veths.
+/// (On the default cluster of `bcl-sim`, 10k ranks, 1 GiB: the built-in constants pick the
+/// hierarchical ring, simulated at 25.5 ms, where hierarchical halving-doubling takes 12.5 ms;
+/// the cluster's own pick it.) Integers, so that a [`Fabric`] holding them is compared whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MeasuredLink {
+    /// Seconds per step, in nanoseconds.
+    pub alpha_ns: u64,
+    /// Bytes per second over the link.
+    pub bytes_per_second: u64,
+    /// Bytes per second a rank reduces into its destination; `None`: the built-in γ.
+    pub reduce_bytes_per_second: Option<u64>,
+}
+
+impl MeasuredLink {
+    /// From `ALPHA_US,GBPS[,REDUCE_GBPS]` (microseconds per step; 10^9 bytes per second):
+    /// `8,50` is 8 µs and 50 GB/s. Anything else, a negative, zero (a bandwidth), non-finite or
+    /// absurd value (α over 10 s, a bandwidth over 10^6 GB/s) is an error naming `name`.
+    pub fn parse(name: &str, text: &str) -> Result<MeasuredLink, String> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        if !(2..=3).contains(&parts.len()) {
+            return Err(format!(
+                "{name}='{text}': expected ALPHA_US,GBPS or ALPHA_US,GBPS,REDUCE_GBPS (e.g. 8,50)"
+            ));
+        }
+        // α may be 0 (a link with no per-step cost); a bandwidth may not.
+        let number = |what: &str, v: &str, zero: bool, most: f64| -> Result<f64, String> {
+            let x: f64 = v
+                .parse()
+                .map_err(|_| format!("{name}='{text}': {what} '{v}' is not a number"))?;
+            let low = if zero { x >= 0.0 } else { x > 0.0 };
+            if !(x.is_finite() && low && x <= most) {
+                let from = if zero { "at least 0" } else { "above 0" };
+                return Err(format!(
+                    "{name}='{text}': {what} {v} must be {from} and at most {most}"
+                ));
+            }
+            Ok(x)
+        };
+        let alpha = number("alpha (µs)", parts[0], true, 10e6)?;
+        let gbps = number("bandwidth (GB/s)", parts[1], false, 1e6)?;
+        let reduce = (parts.get(2))
+            .map(|v| number("reduce bandwidth (GB/s)", v, false, 1e6))
+            .transpose()?;
+        let bytes = |gbps: f64| ((gbps * 1e9).round() as u64).max(1);
+        Ok(MeasuredLink {
+            alpha_ns: (alpha * 1e3).round() as u64,
+            bytes_per_second: bytes(gbps),
+            reduce_bytes_per_second: reduce.map(bytes),
+        })
+    }
+
+    /// The model's constants: these, with `builtin`'s γ where no reduce speed was given.
+    pub fn cost(self, builtin: LinkCost) -> LinkCost {
+        LinkCost {
+            alpha: self.alpha_ns as f64 / 1e9,
+            beta: 1.0 / self.bytes_per_second.max(1) as f64,
+            gamma: self
+                .reduce_bytes_per_second
+                .map_or(builtin.gamma, |r| 1.0 / r.max(1) as f64),
+        }
+    }
+
+    /// Zero bandwidths (possible only in code): the error names `what`.
+    pub fn check(self, what: &str) -> Result<(), String> {
+        if self.bytes_per_second == 0 || self.reduce_bytes_per_second == Some(0) {
+            return Err(format!("{what}: a bandwidth of 0 bytes per second"));
+        }
+        Ok(())
+    }
+}
+
 /// The allreduce size from which two ranks on one host send over one TCP connection per peer
 /// instead of spreading their messages over all of them (`schedule::connections_per_peer`).
 /// Measured on this project's test VM (2 vCPUs, one rank per core) on 2026-12-01 with
@@ -165,12 +240,19 @@ pub const HALVING_OVER_DOUBLING_FROM: usize = 32 << 10;
 /// The constants for a fabric: shared memory when every link is, TCP otherwise (a mixed
 /// fabric is as slow as its slowest link).
 pub fn link_cost(fabric: Fabric) -> LinkCost {
-    match (fabric.all_shared_memory, fabric.world <= 2) {
+    let builtin = match (fabric.all_shared_memory, fabric.world <= 2) {
         (true, true) => measured::SHM_2,
         (true, false) => measured::SHM_4,
         (false, true) => measured::TCP_2,
         (false, false) => measured::TCP_4,
-    }
+    };
+    // A deployment's own constants: those inside a host on one host, else those between
+    // hosts (ranks each on its own host).
+    let given = match fabric.one_host {
+        true => fabric.inside_link,
+        false => fabric.between_link,
+    };
+    given.map_or(builtin, |m| m.cost(builtin))
 }
 
 /// The constants of the links between hosts: those measured between namespace hosts with
@@ -178,21 +260,23 @@ pub fn link_cost(fabric: Fabric) -> LinkCost {
 /// `RATE=... scripts/measure-cost-model.sh hosts`). With more than 2 ranks the per-step cost
 /// is the 4-rank one.
 pub fn between_hosts_cost(fabric: Fabric) -> LinkCost {
-    if fabric.world <= 2 {
+    let builtin = if fabric.world <= 2 {
         measured::HOSTS_2
     } else {
         measured::HOSTS_4
-    }
+    };
+    fabric.between_link.map_or(builtin, |m| m.cost(builtin))
 }
 
 /// The constants of the links inside a host: shared memory's where every such link is.
 pub fn inside_host_cost(fabric: Fabric) -> LinkCost {
-    match (fabric.shm_inside_hosts, fabric.largest_host <= 2) {
+    let builtin = match (fabric.shm_inside_hosts, fabric.largest_host <= 2) {
         (true, true) => measured::SHM_2,
         (true, false) => measured::SHM_4,
         (false, true) => measured::TCP_2,
         (false, false) => measured::TCP_4,
-    }
+    };
+    fabric.inside_link.map_or(builtin, |m| m.cost(builtin))
 }
 
 /// The model's time of a hierarchical allreduce (`schedule::hierarchical`) of `bytes` on
@@ -666,6 +750,60 @@ mod tests {
             mixed_speeds: false,
             nics_per_host: 1,
             single_copy_from: None,
+            inside_link: None,
+            between_link: None,
+        }
+    }
+
+    /// A deployment's own constants replace the built-in ones where given, and only there:
+    /// on 1250 hosts of 8 ranks with 8 NICs of 50 GB/s at 8 µs and devices reducing at
+    /// 1000 GB/s (the default cluster of `bcl-sim`), a 1 GiB allreduce goes to halving-doubling rails, which the simulator
+    /// times at 12.5 ms where the hierarchical ring that the built-in constants (2 Gbit/s
+    /// veths, α 316 µs) pick takes 25.5 ms (`docs/simulator.md`).
+    #[test]
+    fn a_deployments_own_links_replace_the_builtin_constants() {
+        let link = |text: &str| MeasuredLink::parse("BCL_LINK_BETWEEN", text).expect(text);
+        let between = link("8,50,1000");
+        assert_eq!(between.cost(measured::HOSTS_4).alpha, 8e-6);
+        let no_reduce = link("8,50").cost(measured::HOSTS_4);
+        assert_eq!(no_reduce.gamma, measured::HOSTS_4.gamma);
+        let with_reduce = link("0,0.5,1000").cost(measured::HOSTS_4);
+        assert_eq!((with_reduce.alpha, with_reduce.beta), (0.0, 2e-9));
+        assert!((with_reduce.gamma - 1e-12).abs() < 1e-24);
+        let builtin = Fabric {
+            nics_per_host: 8,
+            ..hosts(1250, 8)
+        };
+        let own = Fabric {
+            inside_link: Some(link("3,370,1000")),
+            between_link: Some(between),
+            ..builtin
+        };
+        assert_eq!(between_hosts_cost(builtin), measured::HOSTS_4);
+        assert_eq!(between_hosts_cost(own).alpha, 8e-6);
+        assert_eq!(inside_host_cost(own).alpha, 3e-6);
+        assert_eq!(cheapest_on(1 << 30, builtin), Algorithm::HierRing);
+        assert_eq!(cheapest_on(1 << 30, own), Algorithm::HierHalving);
+        // Ranks each on a host of their own: the flat algorithms, at the links between hosts.
+        let flat = Fabric::flat(16, false, false);
+        let flat_own = Fabric {
+            between_link: Some(between),
+            ..flat
+        };
+        assert_eq!(link_cost(flat), measured::TCP_4);
+        assert_eq!(link_cost(flat_own).alpha, 8e-6);
+        // One host: its own links, not those between hosts.
+        let one = Fabric {
+            between_link: Some(between),
+            ..Fabric::flat(4, true, true)
+        };
+        assert_eq!(link_cost(one), measured::SHM_4);
+        for bad in [
+            "", "8", "8,50,1,2", "8;50", "x,50", "8,0", "8,-1", "-1,50", "inf,50", "8,nan",
+            "8,50,0", "2e7,50", "8,2e6",
+        ] {
+            let e = MeasuredLink::parse("BCL_LINK_BETWEEN", bad).expect_err(bad);
+            assert!(e.starts_with(&format!("BCL_LINK_BETWEEN='{bad}'")), "{e}");
         }
     }
 

@@ -337,6 +337,10 @@ pub struct Fabric {
     /// copy out of the sender's memory (`CommConfig::single_copy_bytes`); `None`: never (off,
     /// or the host's ptrace rules refuse it: `bcl_transport::shm::sibling_reads_permitted`).
     pub single_copy_from: Option<usize>,
+    /// A deployment's own constants for the links inside a host and between hosts
+    /// (`CommConfig::link_inside`, `link_between`); `None`: the built-in ones.
+    pub inside_link: Option<cost::MeasuredLink>,
+    pub between_link: Option<cost::MeasuredLink>,
 }
 
 impl Fabric {
@@ -353,6 +357,8 @@ impl Fabric {
             mixed_speeds: false,
             nics_per_host: 1,
             single_copy_from: None,
+            inside_link: None,
+            between_link: None,
         }
     }
 }

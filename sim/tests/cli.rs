@@ -79,19 +79,29 @@ fn a_row_too_large_is_left_out_and_the_sweep_goes_on() {
 
 /// The out-of-place times (µs) of a 2-rank local allreduce sweep, 64 KiB and 4 MiB.
 fn local_times(topology: &str) -> Vec<f64> {
+    let args = [
+        "allreduce",
+        "--nranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "4M",
+        "-f",
+        "64",
+    ];
+    rows(&args, &["--topology", topology])
+        .into_iter()
+        .map(|(time, _)| time)
+        .collect()
+}
+
+/// The rows bcl-sim prints for `args` and `more`: each one's out-of-place time (µs) and
+/// algorithm.
+fn rows(args: &[&str], more: &[&str]) -> Vec<(f64, String)> {
     let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
-        .args([
-            "allreduce",
-            "--nranks",
-            "2",
-            "-b",
-            "64K",
-            "-e",
-            "4M",
-            "-f",
-            "64",
-        ])
-        .args(["--topology", topology])
+        .args(args)
+        .args(more)
         .output()
         .expect("bcl-sim runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -100,8 +110,9 @@ fn local_times(topology: &str) -> Vec<f64> {
         .lines()
         .filter(|l| !l.starts_with('#'))
         .map(|l| {
-            let time = l.split_whitespace().nth(5).expect("a time column");
-            time.parse().expect("a number")
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let time = f.get(5).expect("a time column").parse().expect("a number");
+            (time, f.last().expect("an algorithm").to_string())
         })
         .collect()
 }
@@ -152,21 +163,8 @@ fn rate_stats_account_for_every_change_of_each_row() {
 /// The rows of a 1024-rank allreduce sweep (128 hosts of the default cluster), 1 and 2 MiB:
 /// each row's (time in µs, algorithm).
 fn cluster_rows(topology: &str, algo: &str) -> Vec<(f64, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_bcl-sim"))
-        .args(["allreduce", "--nranks", "1024", "-b", "1M", "-e", "2M"])
-        .args(["--topology", topology, "--algo", algo])
-        .output()
-        .expect("bcl-sim runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
-    stdout
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[5].parse().expect("a time"), f[f.len() - 1].to_string())
-        })
-        .collect()
+    let args = ["allreduce", "--nranks", "1024", "-b", "1M", "-e", "2M"];
+    rows(&args, &["--topology", topology, "--algo", algo])
 }
 
 /// Told the cluster's own link constants (`links=cluster`, as a deployment sets

@@ -274,24 +274,14 @@ mod tests {
                 ("BCL_LINK_BETWEEN", " 8.5 , 50 "),
             ]))
             .expect("links");
-        let inside = links.link_inside.expect("inside");
-        assert_eq!(
-            (
-                inside.alpha_ns,
-                inside.bytes_per_second,
-                inside.reduce_bytes_per_second
-            ),
-            (3000, 370_000_000_000, Some(1_000_000_000_000))
-        );
-        let between = links.link_between.expect("between");
-        assert_eq!(
-            (
-                between.alpha_ns,
-                between.bytes_per_second,
-                between.reduce_bytes_per_second
-            ),
-            (8500, 50_000_000_000, None)
-        );
+        let link = |alpha_ns, bytes_per_second, reduce_bytes_per_second| MeasuredLink {
+            alpha_ns,
+            bytes_per_second,
+            reduce_bytes_per_second,
+        };
+        let reduce = Some(1_000_000_000_000);
+        assert_eq!(links.link_inside, Some(link(3000, 370_000_000_000, reduce)));
+        assert_eq!(links.link_between, Some(link(8500, 50_000_000_000, None)));
         let builtin = links
             .with_env(&env(&[("BCL_LINK_BETWEEN", "builtin")]))
             .expect("builtin");

@@ -102,9 +102,9 @@ pub struct Topology {
     /// (`beta-curve`); empty: `a.intra` at every size. See [`Topology::at_size`].
     pub intra_by_size: Vec<(f64, f64)>,
     /// BCL's selector is told this cluster's own link constants, as a deployment that
-    /// measured them sets `BCL_LINK_INSIDE` / `BCL_LINK_BETWEEN` (the default for `cluster`);
-    /// false: BCL's built-in ones, this project's test VM's (`links=builtin`; always for
-    /// `local`, whose real runs use them).
+    /// measured them sets `BCL_LINK_INSIDE` / `BCL_LINK_BETWEEN` (`links=cluster`); false,
+    /// the default: BCL's built-in ones, this project's test VM's (`links=builtin`), which
+    /// `local`'s real runs use too.
     pub own_links: bool,
 }
 

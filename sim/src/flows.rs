@@ -648,11 +648,6 @@ impl Flows {
         })
     }
 
-    /// How many changes kept every rate (see `settle_locally`) instead of a computation.
-    pub fn kept(&self) -> u64 {
-        self.stats.kept
-    }
-
     /// How the changes so far were settled.
     pub fn stats(&self) -> RateStats {
         self.stats
@@ -897,9 +892,9 @@ mod tests {
             }
         }
         assert!(
-            checked > 400 && f.kept() > 0,
+            checked > 400 && f.stats().kept > 0,
             "{checked} checks, {} kept",
-            f.kept()
+            f.stats().kept
         );
         assert!(
             live.len() > 64,

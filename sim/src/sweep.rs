@@ -232,16 +232,15 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
         }
         print(&table::row(&pair[0], &pair[1]));
         if args.rate_stats {
-            let s = rates;
             print(&format!(
                 "# {size} B, rates: {} changes, {} kept, {} settled near, {} whole components \
                  ({} flows, {:.0} each)",
-                s.changes,
-                s.kept,
-                s.near,
-                s.whole,
-                s.whole_flows,
-                s.whole_flows as f64 / s.whole.max(1) as f64
+                rates.changes,
+                rates.kept,
+                rates.near,
+                rates.whole,
+                rates.whole_flows,
+                rates.whole_flows as f64 / rates.whole.max(1) as f64
             ));
         }
         all.extend(pair);

@@ -38,13 +38,14 @@ fi
 # beyond a default soft limit of 1024 descriptors: take the hard limit.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # Every test bounds its own waits; this outer limit only guards against the unforeseen.
+echo "== cargo test --workspace --release [test.sh +${SECONDS} s]"
 timeout 1800 cargo test --workspace --release --locked
-echo "== cuda backend, no GPU here: kernels compile through NVRTC; opening cuda:N is an error"
+echo "== cuda backend, no GPU here: kernels compile through NVRTC; opening cuda:N is an error [test.sh +${SECONDS} s]"
 echo "   (its GPU tests are ignored here: scripts/device-check.sh runs them on a GPU machine)"
 LD_LIBRARY_PATH=$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
   timeout 900 cargo test --release --locked --features cuda -p bcl-backends -p bcl-tests \
   --test cuda --test backends_agree --test cuda_ring --lib
-echo "== C example (make install + pkg-config, 4 processes)"
+echo "== C example (make install + pkg-config, 4 processes) [test.sh +${SECONDS} s]"
 bash scripts/c-example.sh 4
-echo "== torch.distributed backend \"bcl\" (torch from PyPI, pip install ./python, torchrun)"
+echo "== torch.distributed backend \"bcl\" (torch from PyPI, pip install ./python, torchrun) [test.sh +${SECONDS} s]"
 bash scripts/torch-test.sh

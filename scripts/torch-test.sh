@@ -20,16 +20,16 @@ pip_install --force-reinstall --no-deps --no-build-isolation ./python
 # Run from elsewhere, so that `import bcl` is the installed package, not the source tree.
 cd /tmp
 for n in 2 3 4; do
-  echo "== torch: every operation against gloo, $n ranks"
+  echo "== torch: every operation against gloo, $n ranks [torch-test.sh +${SECONDS} s]"
   timeout 600 python3 -m torch.distributed.run --nproc-per-node "$n" "$OLDPWD/python/tests/check_ops.py"
 done
-echo "== torch: DDP on 4 ranks equals one process on the global batch"
+echo "== torch: DDP on 4 ranks equals one process on the global batch [torch-test.sh +${SECONDS} s]"
 timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_ddp.py"
-echo "== torch: FSDP2 (fully_shard) of a small transformer, loss curve against gloo's"
+echo "== torch: FSDP2 (fully_shard) of a small transformer, loss curve against gloo's [torch-test.sh +${SECONDS} s]"
 timeout 600 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_fsdp.py"
-echo "== torch: subgroups (2 of 4, a 2 x 2 grid with both families in flight)"
+echo "== torch: subgroups (2 of 4, a 2 x 2 grid with both families in flight) [torch-test.sh +${SECONDS} s]"
 timeout 300 python3 -m torch.distributed.run --nproc-per-node 4 "$OLDPWD/python/tests/check_groups.py"
-echo "== torch: the group's timeout bounds a collective (a rank 8 s late, timeout 3 s)"
+echo "== torch: the group's timeout bounds a collective (a rank 8 s late, timeout 3 s) [torch-test.sh +${SECONDS} s]"
 timeout 120 python3 -m torch.distributed.run --nproc-per-node 2 "$OLDPWD/python/tests/check_timeout.py"
-echo "== torch: a rank SIGKILLed mid-training; the others' Python raises naming it"
+echo "== torch: a rank SIGKILLed mid-training; the others' Python raises naming it [torch-test.sh +${SECONDS} s]"
 timeout 300 python3 "$OLDPWD/python/tests/check_kill.py"

@@ -14,23 +14,27 @@ use std::time::{Duration, Instant};
 const CREATOR_ROLE: &[u8] = b"bcl-shm-creator";
 const PRODUCER_ROLE: &[u8] = b"bcl-shm-producer";
 const NO_NONCE: [u8; 16] = [0; 16];
+/// The data bytes of the rings one rank creates (one per same-host peer) together, at most.
+/// Up to 16 ranks on a host keep the configured 4 MiB each; 64 ranks get 1 MiB. Without it the
+/// rings of 64 ranks grew to half of a 24 GiB `/dev/shm`: 8 GiB of shared memory, 252 MiB
+/// resident per rank, populated at init (28 s of it on this 2-core VM; `docs/scale.md`).
+pub(super) const RINGS_PER_RANK: usize = 64 << 20;
+
 /// The data bytes of each ring a rank with `peers` same-host peers creates: `wanted`, unless
-/// every rank of the host making as many rings would take more than half of the `free` bytes
-/// of `/dev/shm` (a container's is often 64 MiB); then the largest power of two that fits,
-/// down to 64 KiB (below that the ring's creation fails with a clear error).
+/// the rank's rings would take more than [`RINGS_PER_RANK`] together, or every rank of the host
+/// making as many rings would take more than half of the `free` bytes of `/dev/shm` (a
+/// container's is often 64 MiB); then the largest power of two that fits both, down to 64 KiB
+/// (below that the ring's creation fails with a clear error).
 pub(super) fn ring_capacity(wanted: usize, peers: usize, free: Option<u64>) -> usize {
     const SMALLEST: usize = 64 << 10;
     let wanted = wanted.max(SMALLEST).next_power_of_two();
-    let Some(free) = free else {
-        return wanted;
-    };
-    let rings_on_host = (peers * (peers + 1)).max(1) as u64;
-    let fits = (free / 2 / rings_on_host).saturating_sub(ring::DATA as u64);
-    if fits >= wanted as u64 {
-        return wanted;
-    }
-    let floor = 1usize << (63 - fits.max(1).leading_zeros());
-    floor.clamp(SMALLEST, wanted)
+    let floor = |fits: u64| 1usize << (63 - fits.max(1).leading_zeros());
+    let per_rank = floor((RINGS_PER_RANK / peers.max(1)) as u64);
+    let on_host = free.map_or(usize::MAX, |free| {
+        let rings_on_host = (peers * (peers + 1)).max(1) as u64;
+        floor((free / 2 / rings_on_host).saturating_sub(ring::DATA as u64))
+    });
+    per_rank.min(on_host).clamp(SMALLEST, wanted)
 }
 
 /// Check a peer's address ("PID.NONCE", the nonce 16 hex digits) and return its pid.

@@ -1,4 +1,4 @@
-use super::connect::{may_read, ring_capacity};
+use super::connect::{RINGS_PER_RANK, may_read, ring_capacity};
 use super::ring::{self, Consumer, Identity, Producer};
 use super::*;
 
@@ -408,6 +408,27 @@ fn rings_shrink_to_fit_a_small_dev_shm() {
     // Never below 64 KiB, always a power of two.
     assert_eq!(ring_capacity(4 << 20, 7, Some(mib(1))), 64 << 10);
     assert_eq!(ring_capacity(100_000, 1, Some(mib(1024))), 128 << 10);
+}
+
+#[test]
+fn a_ranks_rings_stay_within_their_budget_however_large_dev_shm_is() {
+    let big = Some(24u64 << 30);
+    // 16 ranks on a host (15 peers): 4 MiB each, 60 MiB in all.
+    assert_eq!(ring_capacity(4 << 20, 15, big), 4 << 20);
+    // 64 ranks: 63 rings of 1 MiB, where half of 24 GiB would have given 2 MiB.
+    assert_eq!(ring_capacity(4 << 20, 63, big), 1 << 20);
+    assert_eq!(ring_capacity(4 << 20, 63, None), 1 << 20);
+    for peers in [1, 7, 15, 16, 63, 127, 500] {
+        let ring = ring_capacity(4 << 20, peers, big);
+        assert!(
+            ring.is_power_of_two() && ring >= 64 << 10,
+            "{peers} peers: {ring}"
+        );
+        assert!(
+            peers * ring <= RINGS_PER_RANK || ring == 64 << 10,
+            "{peers} peers: {peers} rings of {ring} B"
+        );
+    }
 }
 
 /// Lines between a connected pair: a post of any size up to the largest arrives whole, the two

@@ -6,9 +6,9 @@
 //! Expected values come from `bcl-oracle`, which computes them without BCL's kernels or
 //! element types, so a wrong kernel cannot pass its own check.
 //!
-//! The oracle is asked once per distinct value, not once per element ([`Closed`]): an input
-//! element is one of at most [`VALUES`] small integers, and a reduction's inputs repeat every
-//! [`period`] elements. Asked per element, a 4-rank 2^20-element check took seconds, most of the
+//! The oracle is asked once per distinct value, not once per element (`Closed`): an input
+//! element is one of at most `VALUES` small integers, and a reduction's inputs repeat every
+//! `period` elements. Asked per element, a 4-rank 2^20-element check took seconds, most of the
 //! conformance suite's time.
 
 use bcl_core::{Collective, DataType, Element, ReduceOp};

@@ -16,7 +16,7 @@ const PRODUCER_ROLE: &[u8] = b"bcl-shm-producer";
 const NO_NONCE: [u8; 16] = [0; 16];
 /// The data bytes of the rings one rank creates (one per same-host peer) together, at most.
 /// Up to 16 ranks on a host keep the configured 4 MiB each; 64 ranks get 1 MiB. Without it the
-/// rings of 64 ranks grew to half of a 24 GiB `/dev/shm`: 8 GiB of shared memory, 252 MiB
+/// rings of 64 ranks grew to half of a 24 GiB `/dev/shm`: 8 GiB of shared memory, 258 MiB
 /// resident per rank, populated at init (28 s of it on this 2-core VM; `docs/scale.md`).
 pub(super) const RINGS_PER_RANK: usize = 64 << 20;
 

@@ -5,13 +5,13 @@
 //! replays exactly from its seed.
 
 use crate::exec::Clock;
+use bcl_transport::keys::KeyMap;
 use bcl_transport::{
     Capabilities, MemoryKind, PeerAddress, Received, Tag, Transport, TransportError,
 };
 use parking_lot::Mutex;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -113,39 +113,9 @@ impl PartialEq for Flight {
 
 impl Eq for Flight {}
 
-/// FxHash's multiply-and-rotate: the maps here are keyed by a few small integers, looked up at
-/// every poll of every rank, and SipHash took a fifth of the executor suite's time.
-#[derive(Clone, Copy, Default)]
-struct Fx(u64);
-
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<Fx>>;
-
-/// Arrived messages of one receiver, by (sender, tag), in order.
-type Inbox = HashMap<(usize, Tag), VecDeque<Vec<u8>>>;
+/// Arrived messages of one receiver, by (sender, tag), in order (`KeyMap`: the transports' map
+/// for such keys; with SipHash the lookups took a fifth of the executor suite's time).
+type Inbox = KeyMap<(usize, Tag), VecDeque<Vec<u8>>>;
 
 struct NetState {
     world: usize,
@@ -157,9 +127,9 @@ struct NetState {
     in_flight: BinaryHeap<Flight>,
     inbox: Vec<Inbox>,
     /// When the last message of (from, to, tag) arrives: a later one arrives after it.
-    last_arrival: HashMap<(usize, usize, Tag), Duration>,
-    queued: HashMap<(usize, usize), usize>,
-    sent: HashMap<(usize, usize), usize>,
+    last_arrival: KeyMap<(usize, usize, Tag), Duration>,
+    queued: KeyMap<(usize, usize), usize>,
+    sent: KeyMap<(usize, usize), usize>,
     sent_to: Vec<usize>,
     faults: Faults,
     next_order: u64,
@@ -193,10 +163,10 @@ impl Net {
                 delay: (Duration::from_nanos(100), max_delay),
                 window,
                 in_flight: BinaryHeap::new(),
-                inbox: (0..world).map(|_| HashMap::default()).collect(),
-                last_arrival: HashMap::default(),
-                queued: HashMap::default(),
-                sent: HashMap::default(),
+                inbox: (0..world).map(|_| KeyMap::default()).collect(),
+                last_arrival: KeyMap::default(),
+                queued: KeyMap::default(),
+                sent: KeyMap::default(),
                 sent_to: vec![0; world],
                 faults,
                 next_order: 0,

@@ -16,12 +16,15 @@
 //! recomputed: the next slice of a message queued behind the last one.
 //!
 //! At 100k ranks one component can hold most flows (the NICs of a pipelined
-//! halving-doubling link them), so a change is first settled near where it happened: rates
-//! kept (new flows given what their paths have left), then recomputed over a few dozen,
-//! hundred and thousand flows around the change with the rest held, each result kept only
-//! if every flow it touches has a bottleneck (a full resource where no flow runs faster:
-//! the definition of max-min fair rates), else the whole component. A test holds the rates
-//! and ends to the definition's through random changes.
+//! halving-doubling link them), so a change is first settled where it happened: rates kept
+//! (new flows given what their paths have left) where every flow it touches still has a
+//! bottleneck (a full resource where no flow runs faster: the definition of max-min fair
+//! rates). Else rates are recomputed only above the level at which the change can first
+//! matter: progressive filling freezes flows in order of rate, and below the lowest of (the
+//! rates of the flows that ended, the levels at which the changed resources now fill) it
+//! runs as before, so the flows frozen there keep their rates and are held; only the flows
+//! above it that the change reaches are filled again (see `Flows::floor`). A test holds the
+//! rates and ends to the definition's through random changes.
 
 use crate::fast_hash::FastMap;
 use std::cmp::Reverse;
@@ -195,17 +198,13 @@ pub struct RateStats {
     pub changes: u64,
     /// Changes that kept every rate, checked locally.
     pub kept: u64,
-    /// Changes settled by rates computed around them only.
-    pub near: u64,
-    /// Changes for which the whole component was computed, and the flows those computations
-    /// visited.
-    pub whole: u64,
-    pub whole_flows: u64,
+    /// Changes for which rates were computed (above the change's level), the flows those
+    /// computations filled, and the flows they held (below the level, on resources shared
+    /// with flows filled).
+    pub computed: u64,
+    pub computed_flows: u64,
+    pub held: u64,
 }
-
-/// Flows computed around a change, in widening tries, before the whole component is (see
-/// `Flows::compute`): each failed try costs an eighth of the next.
-const NEARBY: [usize; 1] = [64];
 
 /// A load within this fraction of a capacity is full, and a rate within it of the top rate
 /// on a resource is the top (rounding leaves them so); see `Flows::has_bottleneck`.
@@ -368,12 +367,14 @@ impl Flows {
     }
 
     /// Recompute the max-min fair rates of the flows linked to a resource whose flows changed:
-    /// first without moving a rate, then around the change only, then the whole component.
+    /// first without moving a rate, else above the level where the change first matters.
     fn settle(&mut self) {
         // Paths left with no flow to take them: their flows' shares go to the others.
+        let mut ended_lowest = f64::INFINITY;
         if !self.vacated.is_empty() {
-            for ((len, ids, _), (_, left)) in self.vacated.drain() {
+            for ((len, ids, _), (rate, left)) in self.vacated.drain() {
                 if left > 0 {
+                    ended_lowest = ended_lowest.min(rate);
                     self.dirty
                         .extend(ids[..len as usize].iter().map(|&r| r as usize));
                 }
@@ -389,31 +390,70 @@ impl Flows {
             return;
         }
         let dirty = std::mem::take(&mut self.dirty);
-        // Ever wider around the change, then the whole component.
-        for most in NEARBY {
-            if self.compute(&dirty, most) {
-                self.stats.near += 1;
-                return;
-            }
-        }
-        self.stats.whole += 1;
-        self.compute(&dirty, usize::MAX);
+        let floor = (dirty.iter())
+            .map(|&r| self.fill_level(r))
+            .fold(ended_lowest, f64::min);
+        self.compute(&dirty, floor);
     }
 
-    /// Max-min rates for the flows reachable from `dirty`, at most `most` of them. Where some
-    /// are left out (their rates held, their use taken off the capacity of the resources they
-    /// share with those computed), the result stands only if every flow on those resources
-    /// then has a bottleneck (see [`Flows::settle_locally`]); false where not, every rate
-    /// as it was.
-    fn compute(&mut self, dirty: &[ResourceId], most: usize) -> bool {
+    /// The level at which resource `r` fills now, if its flows that have rates keep them up
+    /// to there and its new flows rise from zero (progressive filling over `r` alone).
+    ///
+    /// Why the flows below [`Flows::settle`]'s floor keep their rates: progressive filling
+    /// raises every unfrozen flow together and freezes a flow when a resource on its path
+    /// fills. Before and after a change it runs alike until a resource whose flows changed
+    /// fills, or a flow that ended would have frozen (its old rate). The changed resources
+    /// filled no lower than the ended flows' rates before the change (each of those ran
+    /// until its bottleneck filled), and fill at this level after it; below the least of
+    /// these, every flow freezes where it did. Rounding can only lower the result.
+    fn fill_level(&self, r: ResourceId) -> f64 {
+        let mut users: Vec<(f64, f64)> = (self.users[r].iter())
+            .map(|&h| {
+                let f = &self.flows[h];
+                let c = (f.path.uses().find(|&(q, _)| q == r)).map_or(0.0, |(_, c)| c);
+                // A flow never given a rate rises from zero with the level.
+                let rate = if f.before < 0.0 {
+                    f64::INFINITY
+                } else {
+                    f.rate
+                };
+                (rate, c)
+            })
+            .collect();
+        users.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut used, mut weight) = (0.0, users.iter().map(|u| u.1).sum::<f64>());
+        for (rate, c) in users {
+            if weight <= 0.0 {
+                break;
+            }
+            // The level at which r fills with the flows below this one frozen at their rates.
+            let level = (self.capacity[r] - used).max(0.0) / weight;
+            if level <= rate * (1.0 + EPS) {
+                return level.min(rate) * (1.0 - EPS);
+            }
+            used += rate * c;
+            weight -= c;
+        }
+        f64::INFINITY
+    }
+
+    /// Max-min rates for the flows reachable from `dirty` through flows that run at `floor`
+    /// or above, or have no rate yet; flows below it keep theirs (see [`Flows::fill_level`])
+    /// and their use is taken off the capacity of the resources they share with those filled.
+    /// With the held flows at their final rates, filling the others alone gives the same
+    /// rates as filling the whole component: max-min fair rates are the unique feasible rates
+    /// in which every flow has a bottleneck, and the whole component's satisfy that for the
+    /// part filled.
+    fn compute(&mut self, dirty: &[ResourceId], floor: f64) {
         self.computations += 1;
+        self.stats.computed += 1;
         self.epoch += 1;
         let epoch = self.epoch;
-        // The component (or its part near the change): flows and resources reachable from
-        // the changed resources, and every resource on those flows' paths.
+        let rising = |f: &Flow| f.before < 0.0 || f.rate >= floor * (1.0 - EPS);
+        // The flows to fill: reachable from the changed resources through flows at or above
+        // the floor; `res`: the resources on their paths, where held flows' use is counted.
         let (mut res, mut comp) = (Vec::new(), Vec::new());
         let mut stack = dirty.to_vec();
-        let mut bounded = false;
         while let Some(r) = stack.pop() {
             if self.res_mark[r] == epoch {
                 continue;
@@ -421,11 +461,7 @@ impl Flows {
             self.res_mark[r] = epoch;
             res.push(r);
             for &id in &self.users[r] {
-                if self.flow_mark[id] == epoch {
-                    continue;
-                }
-                if comp.len() == most {
-                    bounded = true;
+                if self.flow_mark[id] == epoch || !rising(&self.flows[id]) {
                     continue;
                 }
                 self.flow_mark[id] = epoch;
@@ -437,24 +473,21 @@ impl Flows {
                 }
             }
         }
-        if most == usize::MAX {
-            self.stats.whole_flows += comp.len() as u64;
-        }
+        self.stats.computed_flows += comp.len() as u64;
         // Bring the component's bytes up to now, at the rates they had.
         let now = self.now;
         for &r in &res {
-            self.left[r] = self.capacity[r];
+            let mut held = 0.0;
+            for &h in self.users[r]
+                .iter()
+                .filter(|&&h| self.flow_mark[h] != epoch)
+            {
+                held += self.flows[h].use_of(r);
+                self.stats.held += 1;
+            }
+            self.left[r] = self.capacity[r] - held;
             self.weight[r] = 0.0;
             self.unfrozen[r] = 0;
-        }
-        if bounded {
-            for &r in &res {
-                let outside: f64 = (self.users[r].iter())
-                    .filter(|&&h| self.flow_mark[h] != epoch)
-                    .map(|&h| self.flows[h].use_of(r))
-                    .sum();
-                self.left[r] -= outside;
-            }
         }
         for &id in &comp {
             let f = &mut self.flows[id];
@@ -469,10 +502,10 @@ impl Flows {
         }
         // Progressive filling, a resource at a time: every unfrozen flow runs at the same
         // level, so resource r fills at level left[r] / weight[r] (left: its capacity less
-        // what frozen flows use). Take the resource that fills first, freeze the flows
-        // through it at that level, update the resources on their paths; a heap keeps the
-        // next (an entry below its resource's level now goes back in, see below), so the
-        // cost grows with the component's flows and paths, not with them times the number
+        // what frozen and held flows use). Take the resource that fills first, freeze the
+        // flows through it at that level, update the resources on their paths; a heap keeps
+        // the next (an entry below its resource's level now goes back in, see below), so the
+        // cost grows with the flows filled and their paths, not with them times the number
         // of levels.
         let fills = |left: f64, weight: f64| (left.max(0.0) / weight).to_bits();
         let mut heap: BinaryHeap<Reverse<(u64, ResourceId)>> = res
@@ -500,7 +533,7 @@ impl Flows {
             level = f64::from_bits(bits);
             for k in 0..self.users[r].len() {
                 let id = self.users[r][k];
-                // Frozen already, or left out of a bounded computation (its rate held).
+                // Frozen already, or held below the floor.
                 if self.flow_mark[id] != epoch {
                     continue;
                 }
@@ -519,13 +552,6 @@ impl Flows {
                 self.flows[id].rate = level;
             }
         }
-        if bounded && !self.all_bottlenecked(&res) {
-            for &id in &comp {
-                let f = &mut self.flows[id];
-                f.rate = f.before;
-            }
-            return false;
-        }
         for id in comp {
             let f = &mut self.flows[id];
             // Same rate, same end: the heap's entry stands (a large component would
@@ -542,7 +568,6 @@ impl Flows {
                 self.ends.push(Reverse((t.to_bits(), f.seq, id, f.version)));
             }
         }
-        true
     }
 
     /// Keep every running flow's rate and give each new flow what its path has left, where
@@ -637,15 +662,6 @@ impl Flows {
                 self.load(q) >= self.capacity[q] * (1.0 - EPS)
                     && (self.users[q].iter()).all(|&h| self.flows[h].rate <= f.rate * (1.0 + EPS))
             })
-    }
-
-    /// Whether every flow on `res` has a bottleneck and no resource of `res` is over its
-    /// capacity.
-    fn all_bottlenecked(&self, res: &[ResourceId]) -> bool {
-        res.iter().all(|&q| {
-            self.load(q) <= self.capacity[q] * (1.0 + EPS)
-                && self.users[q].iter().all(|&h| self.has_bottleneck(h))
-        })
     }
 
     /// How the changes so far were settled.
@@ -891,10 +907,12 @@ mod tests {
                 checked += 1;
             }
         }
+        // Every way of settling ran: rates kept, and computed with flows held below the
+        // change's level.
+        let stats = f.stats();
         assert!(
-            checked > 400 && f.stats().kept > 0,
-            "{checked} checks, {} kept",
-            f.stats().kept
+            checked > 400 && stats.kept > 0 && stats.computed > 0 && stats.held > 0,
+            "{checked} checks, {stats:?}"
         );
         assert!(
             live.len() > 64,

@@ -233,14 +233,13 @@ pub fn run(args: &Args, topo: &Topology, mut print: impl FnMut(&str)) -> Result<
         print(&table::row(&pair[0], &pair[1]));
         if args.rate_stats {
             print(&format!(
-                "# {size} B, rates: {} changes, {} kept, {} settled near, {} whole components \
+                "# {size} B, rates: {} changes, {} kept, {} computed above the change's level \
                  ({} flows, {:.0} each)",
                 rates.changes,
                 rates.kept,
-                rates.near,
-                rates.whole,
-                rates.whole_flows,
-                rates.whole_flows as f64 / rates.whole.max(1) as f64
+                rates.computed,
+                rates.computed_flows,
+                rates.computed_flows as f64 / rates.computed.max(1) as f64
             ));
         }
         all.extend(pair);

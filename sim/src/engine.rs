@@ -27,10 +27,11 @@
 //! against the turned plan of their first rank (peers, tags inside the host, sizes and
 //! dependencies); a message between hosts that would need turning is refused.
 
+use crate::channels::Channels;
 use crate::deliveries::Deliveries;
 use crate::fast_hash::FastMap;
 use crate::flows::Route;
-use crate::network::{Network, Path};
+use crate::network::Network;
 use crate::steps::{Op, Steps};
 use crate::topology::Topology;
 use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, Step, build_plan};
@@ -321,7 +322,7 @@ fn engine<'a>(
         deliveries: Deliveries::default(),
         others: FastMap::default(),
         steps: 0,
-        channels: FastMap::default(),
+        channels: Channels::default(),
         layout: layout(topo, 0)?,
     };
     if g.locals < topo.per_host {
@@ -460,15 +461,6 @@ const _: () = assert!(std::mem::size_of::<Match>() == 16);
 /// A message's key: (from, to, tag), ranks as u32 to keep entries small.
 type Key = (u32, u32, u32);
 
-/// Sends from one rank to one peer: their path (the same for all), how many are in flight,
-/// and those waiting their turn as (simulated rank, step). A 100k-rank run queues tens of
-/// millions of slices at once, so a queued send holds no more than its step.
-struct Channel {
-    path: Path,
-    busy: usize,
-    queue: VecDeque<(u32, u32)>,
-}
-
 struct Engine<'a> {
     topo: &'a Topology,
     case: &'a Case,
@@ -490,7 +482,7 @@ struct Engine<'a> {
     others: FastMap<usize, Steps>,
     steps: u64,
     /// Per (sender, receiver): sends in flight, and those waiting their turn.
-    channels: FastMap<(usize, usize), Channel>,
+    channels: Channels,
     /// Every rank's layout, turned to the rank whose plan is built.
     layout: Layout,
 }
@@ -669,14 +661,7 @@ impl Engine<'_> {
             Op::Send { peer, len, .. } => {
                 let peer = peer as usize;
                 let net = &self.net;
-                let ch = self
-                    .channels
-                    .entry((rank, peer))
-                    .or_insert_with(|| Channel {
-                        path: net.path(rank, peer),
-                        busy: 0,
-                        queue: VecDeque::new(),
-                    });
+                let ch = (self.channels).get_or_insert(sim, peer, || net.path(rank, peer));
                 let (path, alpha) = (ch.path.resources, ch.path.alpha);
                 let bytes = len as f64 * esize;
                 if bytes > 0.0 {
@@ -730,8 +715,7 @@ impl Engine<'_> {
         let Op::Send { peer, .. } = self.runs[sim].plan.ops[step] else {
             return;
         };
-        let rank = self.rank_of(sim);
-        let Some(ch) = self.channels.get_mut(&(rank, peer as usize)) else {
+        let Some(ch) = self.channels.get_mut(sim, peer as usize) else {
             return;
         };
         match ch.queue.pop_front() {

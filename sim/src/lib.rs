@@ -18,6 +18,7 @@
 //! Everything here is sans-IO and deterministic: no clock, thread or socket.
 
 pub mod args;
+pub mod channels;
 pub mod control;
 pub mod control_report;
 pub mod deliveries;

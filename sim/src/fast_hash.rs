@@ -6,7 +6,11 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// Firefox's and rustc's "Fx" mix: rotate, xor, multiply per word.
+/// Firefox's and rustc's "Fx" mix: rotate, xor, multiply per word; the result rotated so
+/// that the product's well-mixed high bits land where `HashMap` picks a bucket (its low
+/// bits; a product's low bits depend only on the words' low bits, and ranks at 100k are
+/// multiples of 8). rustc-hash 2 finishes the same way; at 100k ranks it took a tenth off
+/// the 256 MiB row.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FxHasher(u64);
 
@@ -36,7 +40,7 @@ impl Hasher for FxHasher {
         self.add(n as u64);
     }
     fn finish(&self) -> u64 {
-        self.0
+        self.0.rotate_left(26)
     }
 }
 

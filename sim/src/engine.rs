@@ -32,11 +32,13 @@ use crate::deliveries::Deliveries;
 use crate::fast_hash::FastMap;
 use crate::flows::Route;
 use crate::network::Network;
+use crate::plan_diff::{self, PlanDiff};
 use crate::steps::{Op, Steps};
 use crate::topology::Topology;
 use bcl_core::schedule::{Action, Algorithm, Collective, Layout, Plan, Step, build_plan};
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes of memory a step takes at most as the engine holds it with what is in flight (the
 /// 100k-rank 512 MiB allreduce: 4.2 GB at its peak for 51 M steps), rounded up.
@@ -230,10 +232,30 @@ pub fn simulate_both_within(
     g: Group,
     max_steps: usize,
 ) -> Result<Both, String> {
-    let mut e = engine(topo, first, g, max_steps, true)?;
-    e.run()?;
+    // The second case's plans are held against the first's on a thread beside the run.
+    let ranks: Vec<usize> = (0..g.hosts * g.locals)
+        .map(|sim| (sim / g.locals) * topo.per_host + sim % g.locals)
+        .collect();
+    let stop = AtomicBool::new(false);
+    let (run, diff) = std::thread::scope(|s| {
+        let diff = s.spawn(|| {
+            let mut layout = layout(topo, 0)?;
+            let mut plans = |k: usize| {
+                let a = plan_of(&mut layout, first, ranks[k])?;
+                Ok((a, plan_of(&mut layout, second, ranks[k])?))
+            };
+            plan_diff::compare(ranks.len(), &mut plans, &stop)
+        });
+        let run = engine(topo, first, g, max_steps, true).and_then(|mut e| e.run().map(|()| e));
+        if run.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        let diff = diff.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (run, diff)
+    });
+    let mut e = run?;
     let out = e.outcome();
-    if e.same_times(second)? {
+    if e.same_times(second, diff?)? {
         return Ok(Both {
             first: out.clone(),
             second: out,
@@ -497,8 +519,9 @@ impl Engine<'_> {
         }
     }
 
-    /// Whether `other` would run as this recorded run did (see [`simulate_both`]).
-    fn same_times(&mut self, other: &Case) -> Result<bool, String> {
+    /// Whether `other` would run as this recorded run did (see [`simulate_both`]), given how
+    /// its plans differ from this run's (compared again here where that is not known).
+    fn same_times(&mut self, other: &Case, diff: PlanDiff) -> Result<bool, String> {
         // The second case's plans turn as the first's did (where one rank stands for its host).
         if self.locals < self.topo.per_host {
             for host in [0, self.topo.hosts - 1] {
@@ -515,6 +538,14 @@ impl Engine<'_> {
                 return Ok(false);
             }
         }
+        match diff {
+            PlanDiff::Actions => return Ok(false),
+            PlanDiff::Deps(steps) => {
+                return Ok((steps.iter())
+                    .all(|(sim, i, y)| self.gains_done_steps(*sim as usize, *i as usize, y)));
+            }
+            PlanDiff::Unknown => {}
+        }
         for sim in 0..self.runs.len() {
             let rank = self.rank_of(sim);
             let b = plan_of(&mut self.layout, other, rank)?;
@@ -530,16 +561,24 @@ impl Engine<'_> {
                 if x.len() == y.len() && x.iter().zip(y).all(|(&a, &b)| a as usize == b) {
                     continue;
                 }
-                let by = run.times[i][0];
-                let kept = x.iter().all(|&d| y.contains(&(d as usize)));
-                let idle = (y.iter().filter(|&&d| !x.contains(&(d as u32))))
-                    .all(|&d| run.times[d][1] < by);
-                if !(kept && idle) {
+                let y: Vec<u32> = y.iter().map(|&d| d as u32).collect();
+                if !self.gains_done_steps(sim, i, &y) {
                     return Ok(false);
                 }
             }
         }
         Ok(true)
+    }
+
+    /// Whether step `i` of `sim`, waiting for `y` in the other case's plan, keeps every
+    /// dependency it has here and gains only steps this run had done before it started.
+    fn gains_done_steps(&self, sim: usize, i: usize, y: &[u32]) -> bool {
+        let run = &self.runs[sim];
+        let x = run.plan.deps(i);
+        let by = run.times[i][0];
+        let kept = x.iter().all(|d| y.contains(d));
+        let idle = (y.iter().filter(|&d| !x.contains(d))).all(|&d| run.times[d as usize][1] < by);
+        kept && idle
     }
 
     /// The rank simulated as `sim`.

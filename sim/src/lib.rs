@@ -28,6 +28,7 @@ pub mod ettr_report;
 pub mod fast_hash;
 pub mod flows;
 pub mod network;
+pub mod plan_diff;
 pub mod steps;
 pub mod sweep;
 pub mod topology;

@@ -3,7 +3,7 @@
 //! map keyed by (rank, peer): a 100k-rank run has about 175k channels, and the map's probes
 //! (a cache miss for its control bytes, another for the key) took a sixth of the 256 MiB
 //! row's time. A rank talks to a few dozen peers at most in the plans that run at that scale;
-//! past [`SCAN`] peers (an all-to-all) a rank's channels are found through a map of its own.
+//! past `SCAN` (32) peers (an all-to-all) a rank's channels are found through a map of its own.
 
 use crate::fast_hash::FastMap;
 use crate::network::Path;

@@ -21,7 +21,7 @@ pub enum PlanDiff {
     /// The same ops; the steps whose dependencies differ, as (index of the rank in the list,
     /// step, the second plan's dependencies).
     Deps(Vec<(u32, u32, Box<[u32]>)>),
-    /// More differing dependencies than [`MOST_DEPS`], or stopped before the end: not known.
+    /// More differing dependencies than kept (16 M), or stopped before the end: not known.
     Unknown,
 }
 

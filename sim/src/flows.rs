@@ -23,7 +23,7 @@
 //! matter: progressive filling freezes flows in order of rate, and below the lowest of (the
 //! rates of the flows that ended, the levels at which the changed resources now fill) it
 //! runs as before, so the flows frozen there keep their rates and are held; only the flows
-//! above it that the change reaches are filled again (see `Flows::floor`). A test holds the
+//! above it that the change reaches are filled again (see `Flows::fill_level`). A test holds the
 //! rates and ends to the definition's through random changes.
 
 use crate::fast_hash::FastMap;

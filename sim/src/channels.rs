@@ -1,8 +1,8 @@
 //! Each simulated rank's channels: sends from it to one peer, their path, how many are in
 //! flight and which wait their turn. Held per rank and found by scanning its peers, not in one
-//! map keyed by (rank, peer): a 100k-rank run has about 175k channels, and the map's probes
-//! (a cache miss for its control bytes, another for the key) took a sixth of the 256 MiB
-//! row's time. A rank talks to a few dozen peers at most in the plans that run at that scale;
+//! map keyed by (rank, peer): a 100k-rank run simulates 12,500 ranks with a dozen or more
+//! peers each, and the map's probes (a cache miss for its control bytes, another for the
+//! key) were about half of the engine loop's samples in the 256 MiB row (`perf annotate`). A rank talks to a few dozen peers at most in the plans that run at that scale;
 //! past `SCAN` (32) peers (an all-to-all) a rank's channels are found through a map of its own.
 
 use crate::fast_hash::FastMap;

@@ -234,7 +234,7 @@ pub fn simulate_both_within(
 ) -> Result<Both, String> {
     // The second case's plans are held against the first's on a thread beside the run.
     let ranks: Vec<usize> = (0..g.hosts * g.locals)
-        .map(|sim| (sim / g.locals) * topo.per_host + sim % g.locals)
+        .map(|sim| sim_rank(sim, g.locals, topo.per_host))
         .collect();
     let stop = AtomicBool::new(false);
     let (run, diff) = std::thread::scope(|s| {
@@ -268,6 +268,11 @@ pub fn simulate_both_within(
         second: simulate_within(topo, second, g, max_steps)?,
         second_ran: true,
     })
+}
+
+/// The rank simulated as `sim` where the first `locals` ranks of each host of `per_host` are.
+fn sim_rank(sim: usize, locals: usize, per_host: usize) -> usize {
+    (sim / locals) * per_host + sim % locals
 }
 
 /// What [`simulate_both`] found.
@@ -583,7 +588,7 @@ impl Engine<'_> {
 
     /// The rank simulated as `sim`.
     fn rank_of(&self, sim: usize) -> usize {
-        (sim / self.locals) * self.topo.per_host + sim % self.locals
+        sim_rank(sim, self.locals, self.topo.per_host)
     }
 
     /// The simulated index of `rank`, if it is simulated.

@@ -23,8 +23,8 @@
 //! matter: progressive filling freezes flows in order of rate, and below the lowest of (the
 //! rates of the flows that ended, the levels at which the changed resources now fill) it
 //! runs as before, so the flows frozen there keep their rates and are held; only the flows
-//! above it that the change reaches are filled again (see `Flows::fill_level`). A test holds the
-//! rates and ends to the definition's through random changes.
+//! above it that the change reaches are filled again (see `Flows::fill_level`). A test holds
+//! the rates and ends to the definition's through random changes.
 
 use crate::fast_hash::FastMap;
 use std::cmp::Reverse;
@@ -140,14 +140,14 @@ struct Flow {
 }
 
 impl Flow {
-    /// What this flow uses of resource `q` at its rate (nothing if `q` is not on its path).
+    /// Units of resource `q` a byte of this flow costs (nothing if `q` is not on its path).
+    fn coef(&self, q: ResourceId) -> f64 {
+        (self.path.uses().find(|&(r, _)| r == q)).map_or(0.0, |(_, c)| c)
+    }
+
+    /// What this flow uses of resource `q` at its rate.
     fn use_of(&self, q: ResourceId) -> f64 {
-        let c = self
-            .path
-            .uses()
-            .find(|&(r, _)| r == q)
-            .map_or(0.0, |(_, c)| c);
-        c * self.rate
+        self.coef(q) * self.rate
     }
 }
 
@@ -188,6 +188,8 @@ pub struct Flows {
     weight: Vec<f64>,
     /// Unfrozen flows through each resource while rates are computed.
     unfrozen: Vec<usize>,
+    /// (rate, units per byte) of a resource's flows while its fill level is found.
+    levels: Vec<(f64, f64)>,
 }
 
 /// How the changes to the flows were settled (`bcl-sim --rate-stats`): what the cost of a
@@ -390,9 +392,10 @@ impl Flows {
             return;
         }
         let dirty = std::mem::take(&mut self.dirty);
-        let floor = (dirty.iter())
-            .map(|&r| self.fill_level(r))
-            .fold(ended_lowest, f64::min);
+        let mut floor = ended_lowest;
+        for &r in &dirty {
+            floor = floor.min(self.fill_level(r));
+        }
         self.compute(&dirty, floor);
     }
 
@@ -406,35 +409,37 @@ impl Flows {
     /// filled no lower than the ended flows' rates before the change (each of those ran
     /// until its bottleneck filled), and fill at this level after it; below the least of
     /// these, every flow freezes where it did. Rounding can only lower the result.
-    fn fill_level(&self, r: ResourceId) -> f64 {
-        let mut users: Vec<(f64, f64)> = (self.users[r].iter())
-            .map(|&h| {
-                let f = &self.flows[h];
-                let c = (f.path.uses().find(|&(q, _)| q == r)).map_or(0.0, |(_, c)| c);
-                // A flow never given a rate rises from zero with the level.
-                let rate = if f.before < 0.0 {
-                    f64::INFINITY
-                } else {
-                    f.rate
-                };
-                (rate, c)
-            })
-            .collect();
+    fn fill_level(&mut self, r: ResourceId) -> f64 {
+        let mut users = std::mem::take(&mut self.levels);
+        users.clear();
+        users.extend(self.users[r].iter().map(|&h| {
+            let f = &self.flows[h];
+            // A flow never given a rate rises from zero with the level.
+            let rate = if f.before < 0.0 {
+                f64::INFINITY
+            } else {
+                f.rate
+            };
+            (rate, f.coef(r))
+        }));
         users.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (mut used, mut weight) = (0.0, users.iter().map(|u| u.1).sum::<f64>());
-        for (rate, c) in users {
+        let mut fills = f64::INFINITY;
+        for &(rate, c) in &users {
             if weight <= 0.0 {
                 break;
             }
             // The level at which r fills with the flows below this one frozen at their rates.
             let level = (self.capacity[r] - used).max(0.0) / weight;
             if level <= rate * (1.0 + EPS) {
-                return level.min(rate) * (1.0 - EPS);
+                fills = level.min(rate) * (1.0 - EPS);
+                break;
             }
             used += rate * c;
             weight -= c;
         }
-        f64::INFINITY
+        self.levels = users;
+        fills
     }
 
     /// Max-min rates for the flows reachable from `dirty` through flows that run at `floor`
@@ -474,7 +479,7 @@ impl Flows {
             }
         }
         self.stats.computed_flows += comp.len() as u64;
-        // Bring the component's bytes up to now, at the rates they had.
+        // What the held flows use of each resource is not there to fill.
         let now = self.now;
         for &r in &res {
             let mut held = 0.0;
@@ -489,6 +494,7 @@ impl Flows {
             self.weight[r] = 0.0;
             self.unfrozen[r] = 0;
         }
+        // Bring the filled flows' bytes up to now, at the rates they had.
         for &id in &comp {
             let f = &mut self.flows[id];
             f.remaining = (f.remaining - f.rate * (now - f.stamp)).max(0.0);
